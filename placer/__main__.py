@@ -1,0 +1,3 @@
+from placer.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""The `placer` command. Flags, names and JSON keys follow ../shared/CLI.md (a contract: extend, never rename).
+
+Each subcommand's work lives in its room; this module only parses and dispatches, so `placer --help`
+never imports TensorFlow.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+
+from placer import __version__
+
+# subcommand -> "module:function(args) -> int"
+COMMANDS = {
+    "inspect": "placer.commands:run_inspect",
+    "simulate": "placer.sim.commands:run_simulate",
+    "search": "placer.rl.commands:run_search",
+    "measure": "placer.runtime.commands:run_measure",
+    "profile": "placer.runtime.commands:run_profile",
+    "worker": "placer.runtime.commands:run_worker",
+    "bench": "placer.baselines.bench:run_bench",
+    "demo": "placer.commands:run_demo",
+}
+
+
+def _graph_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("graph", nargs="?", metavar="GRAPH",
+                   help="graph file: .pb, .pbtxt, .meta, SavedModel dir, .keras (or use --model)")
+    p.add_argument("--model", help="built-in model: inception_v3, nmt, nmt4, rnnlm")
+    p.add_argument("--size", choices=["tiny", "full"], default="full", help="built-in model size (default full)")
+    p.add_argument("--batch-size", type=int, help="fixes an unknown batch dimension")
+    p.add_argument("--fetch", action="append", default=[],
+                   help="fetch/train-op name for a GraphDef without a train_op collection (repeatable)")
+
+
+def _json_flag(p):
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="placer", description="Learned device placement for TensorFlow graphs.")
+    ap.add_argument("--version", action="version", version=f"placer {__version__}")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("inspect", help="import a graph and summarise ops, co-location groups and groups")
+    _graph_args(p)
+    p.add_argument("--groups", type=int, default=80, help="maximum groups after grouping (default 80)")
+    _json_flag(p)
+
+    p = sub.add_parser("simulate", help="simulate one training step of a placement on a (simulated) cluster")
+    _graph_args(p)
+    p.add_argument("--cluster", required=True, help="NxKIND (e.g. 4xK80), cpu, or a cluster JSON file")
+    p.add_argument("--placement", default="single",
+                   help="single, random, round_robin, a baseline name, or a placement.json")
+    p.add_argument("--costs", help="cost table file (from `placer profile`); default: analytical estimate")
+    p.add_argument("--order", choices=["ready", "critical"], default="ready", help="per-device op order")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", help="write a Chrome trace (Perfetto) of the simulated step")
+    _json_flag(p)
+
+    p = sub.add_parser("search", help="learn a placement with REINFORCE")
+    _graph_args(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--cluster", help="simulated hardware: NxKIND, cpu, or a cluster JSON file")
+    g.add_argument("--devices", help="real local devices: cpu:N or a comma list of TF device names")
+    p.add_argument("--reward", choices=["sim", "measure"], default="sim")
+    p.add_argument("--workers", help="remote measurement workers HOST:PORT,... (with --reward measure)")
+    p.add_argument("--token-file", help="token for the workers")
+    p.add_argument("--costs", help="cost table file (from `placer profile`)")
+    p.add_argument("--budget", type=float, default=300.0, help="search wall-time budget in seconds (default 300)")
+    p.add_argument("--max-updates", type=int, help="stop after this many policy updates")
+    p.add_argument("--patience", type=int, help="stop after this many updates without improvement")
+    p.add_argument("--groups", type=int, help="number of groups (default min(256, 20 x #devices))")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="output directory")
+    p.add_argument("--resume", metavar="DIR", help="continue the search saved in DIR")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _json_flag(p)
+
+    p = sub.add_parser("measure", help="measure a placement's step time on real devices")
+    _graph_args(p)
+    p.add_argument("--devices", required=True, help="cpu:N or a comma list of TF device names")
+    p.add_argument("--placement", default="single")
+    p.add_argument("--workers", help="measure on remote workers HOST:PORT,...")
+    p.add_argument("--token-file")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a measurement is cut")
+    p.add_argument("--seed", type=int, default=0)
+    _json_flag(p)
+
+    p = sub.add_parser("profile", help="record per-op times on real devices into a cost table")
+    _graph_args(p)
+    p.add_argument("--devices", required=True)
+    p.add_argument("--out", required=True, help="cost table file to write")
+    p.add_argument("--runs", type=int, default=5)
+
+    p = sub.add_parser("worker", help="serve placement measurements over gRPC")
+    p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (default 127.0.0.1:50051)")
+    p.add_argument("--token-file", help="file holding the shared token (required off loopback)")
+    p.add_argument("--tls-cert")
+    p.add_argument("--tls-key")
+    p.add_argument("--allow-unsafe-ops", action="store_true",
+                   help="accept graphs with ops outside the safe allowlist (file/process access)")
+    p.add_argument("--devices", help="devices this worker measures on (default: all TF sees)")
+
+    p = sub.add_parser("bench", help="run baselines and the learned search per model x GPU count")
+    p.add_argument("--models", default="rnnlm,nmt,nmt4,inception_v3")
+    p.add_argument("--gpus", default="2,4")
+    p.add_argument("--kind", default="K80")
+    p.add_argument("--size", choices=["tiny", "full"], default="full")
+    p.add_argument("--reward", choices=["sim", "measure"], default="sim")
+    p.add_argument("--budget", type=float, default=600.0, help="search seconds per cell")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--no-progress", action="store_true")
+
+    p = sub.add_parser("demo", help="a short real search on an embedded default (NMT tiny on 4xK80)")
+    p.add_argument("--budget", type=float, default=60.0)
+    p.add_argument("--out", default="demo-out")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not args.command:
+        ap.print_help()
+        return 0
+    mod, fn = COMMANDS[args.command].split(":")
+    from placer.errors import PlacerError
+
+    try:
+        return int(getattr(importlib.import_module(mod), fn)(args) or 0)
+    except PlacerError as e:
+        if args.debug:
+            raise
+        print(f"placer {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"placer {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def print_json(obj) -> None:
+    print(json.dumps(obj, indent=None, sort_keys=False))

@@ -1,0 +1,29 @@
+"""One exception hierarchy for placer. Every message names the op, device or file at fault."""
+
+
+class PlacerError(Exception):
+    """Base class of every error placer raises on purpose (the CLI prints it as one line)."""
+
+
+class GraphImportError(PlacerError):
+    """A graph could not be read or turned into an OpGraph (bad file, cycle, unknown fetch...)."""
+
+
+class ClusterError(PlacerError):
+    """A cluster spec, preset or device list is invalid."""
+
+
+class PlacementError(PlacerError):
+    """A placement is invalid for this graph or cluster (unknown device, wrong graph...)."""
+
+
+class CostTableError(PlacerError):
+    """A cost table is missing, for another graph, or unreadable."""
+
+
+class MeasurementError(PlacerError):
+    """Real measurement failed in a way that is not a per-placement failure (no device, no worker)."""
+
+
+class SearchError(PlacerError):
+    """The search cannot run (budget, memory, checkpoint problems)."""
