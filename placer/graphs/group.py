@@ -182,6 +182,9 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
     if n_cpu_units == U:
         budget_cpu = min(U, max_groups)
     budget_gpu = max_groups - budget_cpu
+    if budget_gpu < 1 and n_cpu_units < U:  # G too small to keep the classes apart: one mixed class
+        u_cpu[:] = False                     # (expand() still forces CPU-only ops onto the CPU)
+        budget_gpu, budget_cpu = max_groups, 0
     group_of_unit = np.empty(U, np.int64)
     next_id = 0
     for cls, budget in ((False, budget_gpu), (True, budget_cpu)):
@@ -254,8 +257,9 @@ def _with_features(graph: OpGraph, op_group: np.ndarray, G: int, cost: np.ndarra
     g_cost = np.bincount(op_group, weights=cost, minlength=G)
     out_b = np.bincount(op_group, weights=graph.out_bytes.astype(np.float64), minlength=G)
     pers = np.bincount(op_group, weights=graph.persistent_bytes.astype(np.float64), minlength=G)
-    cpu_g = np.zeros(G, bool)
-    cpu_g[op_group[graph.cpu_only.astype(bool)]] = True
+    # a group is CPU-only when all its ops are (grouping never mixes them unless G is too small to separate)
+    cpu_g = np.bincount(op_group, weights=graph.cpu_only.astype(np.float64), minlength=G) == np.bincount(
+        op_group, minlength=G)
     # group-to-group bytes (cross-group data edges only)
     adj = np.zeros((G, G), np.float64)
     if len(graph.edge_src):

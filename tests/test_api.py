@@ -1,0 +1,97 @@
+import json
+
+import numpy as np
+import pytest
+
+from placer.api import Placement, random_placement, resolve_placement, round_robin_placement, single_placement
+from placer.errors import PlacementError
+from placer.graphs.opgraph import OpGraph
+from placer.sim.cluster import Cluster, Device
+
+
+def small_cluster(n_gpu=2):
+    devs = tuple(Device(f"/GPU:{i}", "K80", 12 << 30) for i in range(n_gpu)) + (Device("/CPU:0", "cpu", 64 << 30, concurrency=4),)
+    D = len(devs)
+    return Cluster(devs, np.full((D, D), 1e10), np.full((D, D), 1e-5), name=f"{n_gpu}xK80")
+
+
+def small_graph():
+    ops = [("v", "VarHandleOp", 8, 400), ("r", "ReadVariableOp", 400), ("x", "Const", 40),
+           ("m", "MatMul", 40), ("s", "StringFormat", 8, 0, 0.0, True), ("u", "AssignSubVariableOp", 0)]
+    edges = [("v", "r"), ("r", "m"), ("x", "m"), ("m", "s"), ("v", "u"), ("m", "u")]
+    return OpGraph.build(ops, edges, colocate=[["v", "r", "u"]], name="small")
+
+
+def test_placement_roundtrip_and_contract_keys(tmp_path):
+    g, c = small_graph(), small_cluster()
+    idx = round_robin_placement(g, c)
+    p = Placement.from_indices(g, c.device_names, idx)
+    p.save(tmp_path / "placement.json")
+    d = json.loads((tmp_path / "placement.json").read_text())
+    assert set(d) >= {"format", "graph_fingerprint", "devices", "placement", "placer_version", "tensorflow_version"}
+    assert d["format"] == 1 and d["graph_fingerprint"] == g.fingerprint
+    back = Placement.load(tmp_path / "placement.json")
+    assert (back.to_indices(g, c.device_names) == idx).all()
+    assert (resolve_placement(str(tmp_path / "placement.json"), g, c) == idx).all()
+
+
+def test_placement_for_another_graph_is_an_error(tmp_path):
+    g, c = small_graph(), small_cluster()
+    other = OpGraph.build([("a", "Const", 4)], name="other")
+    p = Placement.from_indices(other, c.device_names, np.zeros(1, np.int32))
+    with pytest.raises(PlacementError, match=other.fingerprint):
+        p.to_indices(g, c.device_names)
+
+
+def test_unknown_device_and_unknown_spec_named():
+    g, c = small_graph(), small_cluster()
+    p = Placement({n: "/GPU:7" for n in g.names}, ["/GPU:7"], g.fingerprint)
+    with pytest.raises(PlacementError, match="GPU:7"):
+        p.to_indices(g, c.device_names)
+    with pytest.raises(PlacementError, match="unknown placement 'nonsense'"):
+        resolve_placement("nonsense", g, c)
+    with pytest.raises(PlacementError, match="does not exist"):
+        Placement.load("/nonexistent/placement.json")
+
+
+@pytest.mark.parametrize("fn", [single_placement, lambda g, c: random_placement(g, c, 3), round_robin_placement])
+def test_builtin_placements_keep_colocation_and_cpu_only(fn):
+    g, c = small_graph(), small_cluster()
+    idx = fn(g, c)
+    assert idx.shape == (g.num_ops,)
+    assert idx[g.index("s")] == c.cpu_index                   # CPU-only op
+    assert len({idx[g.index(n)] for n in ("v", "r", "u")}) == 1  # co-located
+    assert set(idx[~g.cpu_only]) <= set(c.gpu_indices)
+
+
+def test_single_on_cpu_cluster_is_all_cpu():
+    g = small_graph()
+    c = Cluster((Device("/CPU:0", "cpu", 1 << 34),), np.zeros((1, 1)), np.zeros((1, 1)), name="cpu")
+    assert (single_placement(g, c) == 0).all()
+
+
+def test_apply_sets_devices_on_graphdef():
+    from tensorflow.core.framework import graph_pb2
+
+    gd = graph_pb2.GraphDef()
+    for nm in ("a", "b"):
+        gd.node.add(name=nm, op="NoOp")
+    placed = Placement({"a": "/GPU:1"}, ["/GPU:1"]).apply(gd)
+    assert [n.device for n in placed.node] == ["/GPU:1", ""]
+    assert [n.device for n in gd.node] == ["", ""]  # the input is not modified
+
+
+def test_retrace_reports_matched_ops():
+    import tensorflow as tf
+
+    @tf.function
+    def f(x):
+        return tf.nn.relu(tf.matmul(x, x, name="mm"), name="r")
+
+    spec = tf.TensorSpec([2, 2])
+    names = [op.name for op in f.get_concrete_function(spec).graph.get_operations()]
+    p = Placement({n: "/CPU:0" for n in names if n != "r"}, ["/CPU:0"])
+    cf, df = p.retrace(f, spec)
+    devices = {op.name: op.device for op in cf.graph.get_operations()}
+    assert devices["mm"].endswith("CPU:0")
+    assert df.unmatched == ["r"] and df.matched == len(names) - 1

@@ -1,0 +1,80 @@
+import numpy as np
+import pytest
+
+from placer.graphs.group import default_max_groups, group
+from placer.graphs.opgraph import OpGraph
+
+
+def random_graph(n=600, seed=0, cpu_every=50, coloc=40):
+    rng = np.random.default_rng(seed)
+    ops = [(f"op{i}", ["MatMul", "Add", "Relu", "Conv2D"][i % 4], int(rng.integers(1, 10**6)), 0,
+            float(rng.integers(0, 10**9)), i % cpu_every == 7) for i in range(n)]
+    edges = [(f"op{i}", f"op{j}") for i in range(n - 1)
+             for j in set(rng.integers(i + 1, min(n, i + 20), size=2).tolist())]
+    colocate = [[f"op{i}", f"op{n - 1 - i}", f"op{i + n // 3}"] for i in range(coloc)]
+    return OpGraph.build(ops, edges, colocate=colocate)
+
+
+@pytest.mark.parametrize("G", [1, 5, 80, 256])
+def test_groups_bounded_and_colocation_kept(G):
+    g = random_graph()
+    gr = group(g, G)
+    assert 1 <= gr.num_groups <= G
+    assert gr.op_group.shape == (g.num_ops,)
+    assert set(np.unique(gr.op_group)) == set(range(gr.num_groups))  # no empty group ids
+    for c in np.unique(g.colocation):
+        assert len(np.unique(gr.op_group[g.colocation == c])) == 1, f"co-location group {c} split"
+
+
+def test_cpu_only_groups_are_homogeneous_and_expand_forces_cpu():
+    g = random_graph()
+    assert g.cpu_only.any()
+    gr = group(g, 40)
+    for k in range(gr.num_groups):
+        members = g.cpu_only[gr.op_group == k]
+        assert members.all() or not members.any()
+        assert gr.cpu_only[k] == members.all()
+    devs = np.zeros(gr.num_groups, np.int32)  # every group on device 0 ...
+    ops = gr.expand(devs, cpu_index=4)          # ... but CPU-only ops forced to the CPU (index 4)
+    assert (ops[g.cpu_only] == 4).all() and (ops[~g.cpu_only] == 0).all()
+    mask = gr.allowed_mask(5, 4)
+    assert (mask[gr.cpu_only].sum(1) == 1).all() and mask[gr.cpu_only, 4].all()
+    assert mask[~gr.cpu_only].all()
+
+
+def test_chain_cut_into_balanced_contiguous_runs():
+    # 12 equal ops in a chain, 4 groups -> 4 contiguous runs of 3 ops
+    ops = [(f"n{i}", "MatMul", 1000, 0, 1e9) for i in range(12)]
+    g = OpGraph.build(ops, [(f"n{i}", f"n{i + 1}") for i in range(11)])
+    gr = group(g, 4)
+    assert gr.num_groups == 4
+    assert gr.op_group.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+def test_single_consumer_chain_merged_before_clustering():
+    # a -> b (b's only consumer is c) and big independent ops: a tiny, single-consumer chain folds together
+    ops = [("a", "Const", 4, 0, 0.0), ("b", "Neg", 4, 0, 0.0), ("c", "MatMul", 4, 0, 1e10),
+           ("d", "MatMul", 4, 0, 1e10), ("e", "MatMul", 4, 0, 1e10)]
+    g = OpGraph.build(ops, [("a", "b"), ("b", "c"), ("c", "e"), ("d", "e")])
+    gr = group(g, 3)
+    grp = dict(zip(g.names, gr.op_group))
+    assert grp["a"] == grp["b"] == grp["c"]
+
+
+def test_features_normalised_and_adjacency_counts_cross_group_bytes():
+    g = random_graph(300)
+    gr = group(g, 20)
+    f = gr.features
+    assert f.shape[0] == gr.num_groups and np.isfinite(f).all()
+    assert f.min() >= 0.0 and f.max() <= 1.0 + 1e-6
+    assert gr.adjacency.shape == (gr.num_groups, gr.num_groups)
+    assert np.allclose(np.diag(gr.adjacency), 0.0)
+    # adjacency[i, j] > 0 exactly when some data edge crosses from group i to j
+    gs, gd = gr.op_group[g.edge_src], gr.op_group[g.edge_dst]
+    want = np.zeros_like(gr.adjacency, dtype=bool)
+    want[gs[gs != gd], gd[gs != gd]] = True
+    assert ((gr.adjacency > 0) == want).all()
+
+
+def test_default_max_groups():
+    assert default_max_groups(4) == 80 and default_max_groups(2) == 40 and default_max_groups(64) == 256
