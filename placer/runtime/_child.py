@@ -1,0 +1,281 @@
+"""The measurement child process: holds TensorFlow, one imported graph, and runs placed steps on request.
+
+Started by `placer.runtime.local.LocalRunner` as `python -m placer.runtime._child FD_IN FD_OUT`; speaks pickled
+tuples over two pipes (`multiprocessing.connection.Connection`). Anything printed to stdout goes to stderr so
+the protocol pipes stay clean. Every request gets exactly one reply `("ok", payload)` or `("error", payload)`;
+a crash, hang or OOM kill is seen by the parent as a dead pipe or a timeout.
+
+Requests:
+  ("init", {"cpus": N, "intra_op": int|None, "inter_op": int|None})
+        -> {"devices": [short names TF sees], "tf_version": str, "import_s": float}
+  ("load", {"meta_graph": bytes, "names": [op names], "fetches": [...], "fingerprint": str})
+        -> {"feeds": [(name, shape, dtype)], "fetches": [...], "init": [...], "warnings": [...], "load_s": float}
+  ("measure", {"placement": [device per op], "warmup": W, "runs": N, "trace": bool, "profile_runs": int})
+        -> {"runs": [s], "on_assigned_device": float|None, "executed": int, "peak_memory": {dev: bytes},
+            "op_times": {op: [s per profiled run]}, "setup_s": float}
+  ("ping", None) -> "pong"
+  ("exit", None) -> no reply; the process ends.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+
+def _short_error(e: BaseException, limit: int = 600) -> str:
+    """First meaningful line(s) of a TF error (their messages run to pages of colocation debug info)."""
+    msg = getattr(e, "message", None) or str(e)
+    msg = msg.strip().split("\nColocation Debug Info", 1)[0]
+    lines, skipping = [], False
+    for x in msg.splitlines():
+        s = x.strip()
+        if not s or s.startswith("Graph execution error") or s.startswith("[[{{node"):
+            continue
+        if s.startswith("Detected at node"):
+            skipping = True
+            continue
+        if skipping and not s.startswith("Node:"):
+            continue
+        skipping = False
+        lines.append(s)
+    msg = " ".join(lines[:4])
+    name = type(e).__name__
+    out = f"{name}: {msg}"
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
+class _State:
+    def __init__(self) -> None:
+        self.tf = None
+        self.cpus = 1
+        self.devices: list[str] = []
+        self.graph = None            # tf.Graph with the imported (unplaced) graph
+        self.graph_def = None
+        self.names: list[str] = []
+        self.ops = None              # tf.Operation per placed op name (index-aligned with names; None if absent)
+        self.other_ops = []          # ops of the graph that the OpGraph does not list
+        self.fetches: list = []
+        self.init_ops: list = []
+        self.feed: dict = {}
+        self.config = None
+
+    # ---- requests ---------------------------------------------------------------------------------------
+    def init(self, req: dict) -> dict:
+        t0 = time.perf_counter()
+        import tensorflow as tf
+
+        self.tf = tf
+        self.cpus = max(1, int(req.get("cpus", 1)))
+        cfg = tf.compat.v1.ConfigProto(allow_soft_placement=False, log_device_placement=False,
+                                       device_count={"CPU": self.cpus})
+        if req.get("intra_op"):
+            cfg.intra_op_parallelism_threads = int(req["intra_op"])
+        if req.get("inter_op"):
+            cfg.inter_op_parallelism_threads = int(req["inter_op"])
+        cfg.gpu_options.allow_growth = True
+        # the graph measured must be the graph placed: no Grappler rewrites, no classic-optimizer folding/CSE
+        ro = cfg.graph_options.rewrite_options
+        ro.disable_meta_optimizer = True
+        oo = cfg.graph_options.optimizer_options
+        oo.opt_level = tf.compat.v1.OptimizerOptions.L0
+        oo.do_constant_folding = False
+        oo.do_common_subexpression_elimination = False
+        oo.do_function_inlining = False
+        self.config = cfg
+        from placer.runtime.devices import device_of_trace
+
+        with tf.Graph().as_default():
+            with tf.compat.v1.Session(config=cfg) as s:
+                devs = [device_of_trace(d.name) for d in s.list_devices()]
+        self.devices = [d for d in devs if d and not d.startswith("/XLA")]
+        return {"devices": self.devices, "tf_version": tf.__version__, "import_s": time.perf_counter() - t0}
+
+    def load(self, req: dict) -> dict:
+        t0 = time.perf_counter()
+        tf = self.tf
+        from tensorflow.core.protobuf import meta_graph_pb2
+
+        from placer.runtime.graphspec import runnable_parts
+
+        mg = meta_graph_pb2.MetaGraphDef()
+        mg.ParseFromString(req["meta_graph"])
+        parts = runnable_parts(mg, list(req.get("fetches") or ()))
+        gd = mg.graph_def
+        for node in gd.node:           # devices come from placements only
+            node.device = ""
+        g = tf.Graph()
+        with g.as_default():
+            tf.graph_util.import_graph_def(gd, name="")
+        names = list(req["names"])
+        by_name = {op.name: op for op in g.get_operations()}
+        self.ops = [by_name.get(n) for n in names]
+        named = set(names)
+        self.other_ops = [op for op in g.get_operations() if op.name not in named]
+        self.graph, self.graph_def, self.names = g, gd, names
+        self.fetches = [_fetch(g, f) for f in parts.fetches]
+        self.init_ops = [g.get_operation_by_name(n) for n in parts.init_ops]
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        self.feed = {}
+        for name, shape, dtype in parts.feeds:
+            t = g.get_tensor_by_name(name + ":0")
+            npd = tf.dtypes.as_dtype(dtype).as_numpy_dtype
+            if np.issubdtype(npd, np.floating):
+                val = (rng.standard_normal(shape) * 0.1).astype(npd)
+            elif npd == np.bool_:
+                val = np.zeros(shape, dtype=bool)
+            elif np.issubdtype(npd, np.number):
+                val = np.zeros(shape, dtype=npd)
+            else:
+                val = np.full(shape, b"", dtype=object)
+            self.feed[t] = val
+        return {"feeds": parts.feeds, "fetches": parts.fetches, "init": parts.init_ops, "warnings": parts.warnings,
+                "load_s": time.perf_counter() - t0, "missing": [n for n, o in zip(names, self.ops) if o is None][:20]}
+
+    def measure(self, req: dict) -> dict:
+        tf = self.tf
+        if self.graph is None:
+            raise RuntimeError("no graph loaded")
+        placement = req["placement"]
+        if len(placement) != len(self.names):
+            raise ValueError(f"placement has {len(placement)} entries, the graph {len(self.names)} ops")
+        t0 = time.perf_counter()
+        assigned = {}
+        for op, dev in zip(self.ops, placement):
+            if op is None:
+                continue
+            op._set_device_from_string(_full(dev))  # noqa: SLF001 - TF's own way to re-place an existing op
+            assigned[op.name] = dev
+        for op in self.other_ops:   # ops the OpGraph does not list go wherever TF's placer (colocation) puts them
+            op._set_device_from_string("")  # noqa: SLF001
+        warmup, runs = int(req.get("warmup", 2)), int(req.get("runs", 5))
+        profile_runs = int(req.get("profile_runs", 0))
+        out: dict = {"runs": [], "on_assigned_device": None, "executed": 0, "peak_memory": {}, "op_times": {}}
+        sess = tf.compat.v1.Session(graph=self.graph, config=self.config)
+        try:
+            if self.init_ops:
+                sess.run(self.init_ops, feed_dict=self.feed)
+            for _ in range(warmup):
+                sess.run(self.fetches, feed_dict=self.feed)
+            out["setup_s"] = time.perf_counter() - t0
+            for _ in range(runs):
+                t = time.perf_counter()
+                sess.run(self.fetches, feed_dict=self.feed)
+                out["runs"].append(time.perf_counter() - t)
+            n_trace = max(profile_runs, 1 if req.get("trace", True) else 0)
+            op_times: dict[str, list[float]] = {}
+            for k in range(n_trace):
+                opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+                md = tf.compat.v1.RunMetadata()
+                sess.run(self.fetches, feed_dict=self.feed, options=opts, run_metadata=md)
+                if k == 0:
+                    frac, executed, peak = _placement_check(md.step_stats, assigned)
+                    out["on_assigned_device"], out["executed"], out["peak_memory"] = frac, executed, peak
+                if profile_runs:
+                    for name, (dev, secs) in _op_times(md.step_stats, assigned).items():
+                        op_times.setdefault(name, []).append(secs)
+            if profile_runs:
+                out["op_times"] = {k: (assigned.get(k), v) for k, v in op_times.items()}
+        finally:
+            sess.close()
+            del sess
+        return out
+
+
+def _full(dev: str) -> str:
+    """`/CPU:1` -> `/device:CPU:1` (full names pass through)."""
+    if dev.startswith("/job:") or dev.startswith("/device:"):
+        return dev
+    return "/device:" + dev.lstrip("/")
+
+
+def _fetch(g, name: str):
+    if ":" in name:
+        return g.get_tensor_by_name(name)
+    return g.get_operation_by_name(name)
+
+
+def _placement_check(step_stats, assigned: dict) -> tuple[float | None, int, dict]:
+    """Fraction of executed placed ops that ran on their assigned device, their count, peak bytes per device."""
+    from placer.runtime.devices import device_of_trace
+
+    ran: dict[str, set] = {}
+    peak: dict[str, int] = {}
+    for ds in step_stats.dev_stats:
+        dev = device_of_trace(ds.device)
+        if dev is None:
+            continue
+        for ns in ds.node_stats:
+            name = ns.node_name.split(":", 1)[0]
+            if name in assigned:
+                ran.setdefault(name, set()).add(dev)
+            for m in ns.memory:
+                if m.peak_bytes > peak.get(dev, 0):
+                    peak[dev] = int(m.peak_bytes)
+    if not ran:
+        return None, 0, peak
+    good = sum(1 for n, devs in ran.items() if devs == {assigned[n]})
+    return good / len(ran), len(ran), peak
+
+
+def _op_times(step_stats, assigned: dict) -> dict[str, tuple[str, float]]:
+    """Per placed op: (device, seconds) from one traced step. GPU stream entries (kernel time) take precedence
+    over the host-side launch entry of the same op."""
+    from placer.runtime.devices import device_of_trace
+
+    best: dict[str, tuple[str, float, bool]] = {}
+    for ds in step_stats.dev_stats:
+        dev = device_of_trace(ds.device)
+        if dev is None:
+            continue
+        stream = "stream" in ds.device
+        for ns in ds.node_stats:
+            name = ns.node_name.split(":", 1)[0]
+            if name not in assigned:
+                continue
+            secs = max(ns.all_end_rel_micros, ns.op_end_rel_micros - ns.op_start_rel_micros, 0) * 1e-6
+            prev = best.get(name)
+            if prev is None or (stream and not prev[2]) or (stream == prev[2] and secs > prev[1]):
+                best[name] = (dev, secs, stream)
+    return {k: (v[0], v[1]) for k, v in best.items()}
+
+
+def main(argv: list[str]) -> int:
+    from multiprocessing.connection import Connection
+
+    fd_in, fd_out = int(argv[1]), int(argv[2])
+    # keep the protocol pipe clean: anything written to stdout goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    rx, tx = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
+    st = _State()
+    while True:
+        try:
+            kind, req = rx.recv()
+        except (EOFError, OSError):
+            return 0
+        if kind == "exit":
+            return 0
+        try:
+            if kind == "ping":
+                res = "pong"
+            elif kind == "sleep":          # test hook: simulates a hang inside TensorFlow
+                time.sleep(float(req))
+                res = "slept"
+            else:
+                res = getattr(st, kind)(req)
+            tx.send(("ok", res))
+        except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent
+            oom = type(e).__name__ == "ResourceExhaustedError" or isinstance(e, MemoryError)
+            tb = traceback.format_exc(limit=3) if not hasattr(e, "op") else ""
+            try:
+                tx.send(("error", {"reason": _short_error(e), "oom": oom, "trace": tb[-2000:]}))
+            except (OSError, EOFError):
+                return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,76 @@
+"""Device-name helpers shared by the local runner, the worker and the CLI (no TensorFlow import).
+
+Names are TensorFlow's short form (`/CPU:0`, `/GPU:1`). `parse_devices("cpu:4")` gives the CPU split into
+four logical devices; a comma list is taken as TF device names and canonicalised.
+"""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from placer.errors import ClusterError
+
+_DEV_RE = re.compile(r"(?:^|/)(?:device:)?([A-Za-z_]+):(\d+)$")
+_ANY_DEV_RE = re.compile(r"device:([A-Za-z_]+):(\d+)", re.IGNORECASE)
+
+
+def canonical_device(name: str) -> str:
+    """`/device:CPU:0`, `/cpu:0`, `CPU:0`, `/job:localhost/replica:0/task:0/device:CPU:0` -> `/CPU:0`.
+
+    Full names of another job/task are kept as given (remote devices).
+
+    >>> canonical_device("/job:localhost/replica:0/task:0/device:gpu:1")
+    '/GPU:1'
+    """
+    s = name.strip()
+    if "/job:" in s and "/job:localhost" not in s:
+        return s
+    m = _ANY_DEV_RE.search(s) or _DEV_RE.search(s)
+    if not m:
+        raise ClusterError(f"device name {name!r} is not a TensorFlow device name like /CPU:0 or /GPU:1")
+    return f"/{m.group(1).upper()}:{int(m.group(2))}"
+
+
+def device_of_trace(name: str) -> str | None:
+    """Short device name of a RunMetadata `dev_stats.device` string (stream entries included), or None."""
+    m = _ANY_DEV_RE.search(name)
+    if not m:
+        m = re.search(r"/(?:device:)?([A-Za-z_]+):(\d+)", name)
+        if not m:
+            return None
+    return f"/{m.group(1).upper()}:{int(m.group(2))}"
+
+
+def parse_devices(spec: str | Sequence[str]) -> list[str]:
+    """`"cpu:N"` -> `/CPU:0..N-1`; `"/GPU:0,/GPU:1,/CPU:0"` or a list -> canonical names (order kept).
+
+    >>> parse_devices("cpu:2")
+    ['/CPU:0', '/CPU:1']
+    """
+    if isinstance(spec, str):
+        s = spec.strip()
+        m = re.fullmatch(r"cpu(?::(\d+))?", s, re.IGNORECASE)
+        if m:
+            n = int(m.group(1) or 1)
+            if n < 1:
+                raise ClusterError(f"--devices {spec!r}: need at least one CPU device")
+            return [f"/CPU:{i}" for i in range(n)]
+        items = [x for x in (p.strip() for p in s.split(",")) if x]
+    else:
+        items = [str(x) for x in spec]
+    if not items:
+        raise ClusterError(f"--devices {spec!r}: no devices given")
+    out = [canonical_device(x) for x in items]
+    if len(set(out)) != len(out):
+        raise ClusterError(f"--devices {spec!r}: a device is listed twice")
+    return out
+
+
+def cpu_split(devices: Sequence[str]) -> int:
+    """How many logical CPU devices the session must create so every `/CPU:k` named exists (>= 1)."""
+    n = 1
+    for d in devices:
+        m = re.fullmatch(r"/CPU:(\d+)", d)
+        if m:
+            n = max(n, int(m.group(1)) + 1)
+    return n

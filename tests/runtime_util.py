@@ -1,0 +1,75 @@
+"""Small runnable TF1 graphs for the runtime tests (independent of the graph importer)."""
+from __future__ import annotations
+
+import numpy as np
+
+from placer.graphs.opgraph import OpGraph
+
+
+def opgraph_from_tf(g, fetches, name="test") -> OpGraph:
+    """An OpGraph (4-byte tensors, data + control edges) carrying `g`'s runnable MetaGraphDef."""
+    import tensorflow as tf
+
+    with g.as_default():
+        mg = tf.compat.v1.train.export_meta_graph(graph=g)
+    ops, edges, control, coloc = [], [], [], {}
+    for op in g.get_operations():
+        ops.append((op.name, op.type, [4] * max(1, len(op.outputs))))
+        for t in op.inputs:
+            edges.append((t.op.name, op.name, t.value_index))
+        for c in op.control_inputs:
+            control.append((c.name, op.name))
+        for c in op.colocation_groups():
+            coloc.setdefault(c.decode(), []).append(op.name)
+    groups = []
+    for key, members in coloc.items():
+        root = key.split("@", 1)[1]
+        groups.append([root] + members if root not in members else members)
+    return OpGraph.build(ops, edges, control, colocate=groups, name=name, fetches=fetches,
+                         meta_graph=mg.SerializeToString())
+
+
+def mlp_graph(width: int = 64, batch: int = 8, layers: int = 2) -> OpGraph:
+    """A small MLP training step: placeholder input, variables, SGD train op."""
+    import tensorflow as tf
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [batch, width], name="x")
+        y = tf.compat.v1.placeholder(tf.int32, [batch], name="labels")
+        h = x
+        for i in range(layers):
+            w = tf.compat.v1.get_variable(f"w{i}", [width, width])
+            h = tf.nn.relu(tf.matmul(h, w))
+        wo = tf.compat.v1.get_variable("wo", [width, 10])
+        logits = tf.matmul(h, wo)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss, name="train")
+        tf.compat.v1.add_to_collection("train_op", train)
+    return opgraph_from_tf(g, [train.name], name="mlp")
+
+
+def hang_graph() -> OpGraph:
+    """Dequeues from a queue nobody fills: the step blocks forever."""
+    import tensorflow as tf
+
+    g = tf.Graph()
+    with g.as_default():
+        q = tf.queue.FIFOQueue(4, [tf.float32], shapes=[[2]], name="q")
+        v = q.dequeue(name="deq")
+        out = tf.reduce_sum(v, name="out")
+    return opgraph_from_tf(g, [out.name], name="hang")
+
+
+def write_file_graph(path: str) -> OpGraph:
+    """A graph whose step writes a file (must be refused by workers)."""
+    import tensorflow as tf
+
+    g = tf.Graph()
+    with g.as_default():
+        w = tf.io.write_file(tf.constant(path), tf.constant("pwned"), name="write")
+    return opgraph_from_tf(g, [w.name], name="writer")
+
+
+def device_indices(graph: OpGraph, fn) -> np.ndarray:
+    return np.asarray([fn(i, n) for i, n in enumerate(graph.names)], dtype=np.int64)

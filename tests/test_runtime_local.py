@@ -1,0 +1,114 @@
+"""LocalRunner on logical CPU devices: real TF measurements in a child process."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from placer.errors import MeasurementError
+from placer.runtime.devices import canonical_device, cpu_split, parse_devices
+from placer.runtime.local import LocalRunner
+from placer.sim.evaluator import Outcome
+from runtime_util import hang_graph, mlp_graph
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return mlp_graph()
+
+
+@pytest.fixture(scope="module")
+def runner(mlp):
+    r = LocalRunner(mlp, "cpu:2", warmup=1, runs=3, timeout=60)
+    yield r
+    r.close()
+
+
+def test_device_names():
+    assert parse_devices("cpu:3") == ["/CPU:0", "/CPU:1", "/CPU:2"]
+    assert parse_devices("/gpu:0, /device:CPU:0") == ["/GPU:0", "/CPU:0"]
+    assert canonical_device("/job:localhost/replica:0/task:0/device:CPU:1") == "/CPU:1"
+    assert canonical_device("/job:worker/replica:0/task:1/device:GPU:0") == "/job:worker/replica:0/task:1/device:GPU:0"
+    assert cpu_split(["/GPU:0", "/CPU:0", "/CPU:3"]) == 4
+
+
+def test_measures_small_graph_on_two_logical_cpus(runner, mlp):
+    split = (mlp.colocation % 2).astype(np.int64)          # co-location groups alternate between /CPU:0 and /CPU:1
+    assert set(split) == {0, 1}
+    outs = runner.evaluate([np.zeros(mlp.num_ops, np.int64), split])
+    for o in outs:
+        assert isinstance(o, Outcome) and o.ok, o.reason
+        assert len(o.runs) == 3 and all(r > 0 for r in o.runs)
+        assert o.step_time == pytest.approx(float(np.median(o.runs)))
+        assert o.on_assigned_device == 1.0
+    # the single-device placement allocated nothing on /CPU:1; the split one used both devices
+    assert outs[0].peak_memory[1] == 0 and outs[1].peak_memory.min() > 0
+    assert runner.available == ["/CPU:0", "/CPU:1"]
+
+
+def test_nonexistent_device_is_a_failed_outcome(mlp):
+    with LocalRunner(mlp, ["/CPU:0", "/GPU:0"], warmup=0, runs=1, timeout=60) as r:
+        [o] = r.evaluate([np.ones(mlp.num_ops, np.int64)])
+        assert o.failed and not o.oom
+        assert "/GPU:0" in o.reason and "/CPU:0" in o.reason
+        [ok] = r.evaluate([np.zeros(mlp.num_ops, np.int64)])      # the CPU placement still measures
+        assert ok.ok and ok.step_time > 0
+
+
+def test_bad_placements_are_failed_outcomes(runner, mlp):
+    n = mlp.num_ops
+    out_of_range, short = np.full(n, 5), np.zeros(n - 1, np.int64)
+    # splitting a co-location group (a variable and its Assign) is refused by TF without soft placement
+    var = mlp.index("w0")
+    split = np.zeros(n, np.int64)
+    split[var] = 1
+    o1, o2, o3 = runner.evaluate([out_of_range, short, split])
+    assert o1.failed and "device index 5" in o1.reason
+    assert o2.failed and "ops" in o2.reason
+    assert o3.failed and o3.reason and "Traceback" not in o3.reason
+    assert runner.evaluate([np.zeros(n, np.int64)])[0].ok
+
+
+def test_hanging_step_is_cut_by_the_timeout():
+    g = hang_graph()
+    with LocalRunner(g, "cpu:1", warmup=0, runs=1, timeout=4) as r:
+        r.start()
+        t = time.perf_counter()
+        [o] = r.evaluate([np.zeros(g.num_ops, np.int64)])
+        took = time.perf_counter() - t
+    assert o.failed and "timed out after 4 s" in o.reason
+    assert 3.5 < took < 20
+
+
+def test_dead_child_is_replaced(runner, mlp):
+    zero = np.zeros(mlp.num_ops, np.int64)
+    assert runner.evaluate([zero])[0].ok
+    started = runner.stats["children_started"]
+    # a crash in the middle of a measurement: kill the child while it is busy
+    pid = runner._child.proc.pid
+    threading.Timer(1.0, lambda: os.kill(pid, signal.SIGKILL)).start()
+    o = runner.debug_sleep(30)
+    assert o.failed and "SIGKILL" in o.reason
+    # a hang (sleep stands in for a stuck TF call) under a short timeout
+    runner.evaluate([zero])
+    old, runner.timeout = runner.timeout, 2.0
+    try:
+        o = runner.debug_sleep(30)
+    finally:
+        runner.timeout = old
+    assert o.failed and "timed out" in o.reason
+    o = runner.evaluate([zero])[0]
+    assert o.ok and o.on_assigned_device == 1.0
+    assert runner.stats["children_started"] == started + 2
+
+
+def test_graph_without_tf_is_rejected():
+    from placer.graphs.opgraph import OpGraph
+
+    g = OpGraph.build([("a", "Const", 4)])
+    with pytest.raises(MeasurementError, match="no runnable"):
+        LocalRunner(g, "cpu:1")
