@@ -1,0 +1,200 @@
+"""The human experts' placements from the papers, and a generic layer-wise rule for other graphs.
+
+Every op is first mapped to its *forward* op: gradient ops (`gradients[_k]/<forward name>_grad/...`) and
+optimizer updates (`<Optimizer>/update_<variable>/...`) follow the forward op / variable they belong to, so
+the backward pass of a layer runs where its forward pass runs (and variables stay with their updates:
+co-location is kept because a co-location group goes where its variable — else its first op — goes).
+
+Rules (N = number of GPUs):
+- **Layered sequence models** (`nmt`, `nmt4`, `rnnlm`; Sutskever et al. 2014, GNMT 2016, as used by
+  Mirhoseini et al. 2017): encoder layer i and decoder layer i go to GPU ⌊i·N/L⌋ for L layers per stack
+  (RNNLM's single stack likewise); embeddings go with the first layer of their stack (encoder embedding with
+  encoder layer 0, decoder embedding with decoder layer 0); attention goes with the first decoder layer;
+  the softmax / output projection and the loss go to the last GPU. Recognised from name scopes
+  (`encoder/…/layer_<i>/`, `decoder/…/layer_<i>/`, `…/layer_<i>/` for RNNLM, `…embedding…`, `…attention…`,
+  `softmax`, `loss`; see `placer.graphs.models`).
+- **Inception-V3** (and any graph named `inception*`): the experts of both papers used one GPU: every op on
+  the first GPU.
+- **Other graphs**: contiguous layers by name scope, balanced by compute: forward ops are grouped into
+  blocks by their name scope (the shallowest scope depth that yields at least 2·N blocks), blocks keep the
+  topological order of their first op, and each block goes to GPU ⌊(compute before its middle)·N / total⌋,
+  i.e. N contiguous stretches of about equal compute (forward + backward seconds).
+- Ops no rule recognises (global step, input pipeline, summaries) take the device of the predecessor they
+  read the most bytes from (else their heaviest successor; else the first GPU).
+- CPU-only ops go to the CPU. The rule does not check memory (the humans' placements fit on the papers'
+  GPUs); the simulator reports OOM if one does not.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from placer.baselines._common import Problem, group_fixed_device, prepare
+from placer.graphs.opgraph import OpGraph
+from placer.sim.cluster import Cluster
+
+_GRAD = re.compile(r"^gradients(_\d+)?/")
+_GRAD_TAIL = re.compile(r"_grad(_\d+)?$")
+_UPDATE = re.compile(r"(^|/)update_(.+?)(/[^/]*Apply[^/]*|/[^/]*Resource[^/]*|/[^/]*$)")
+_LAYER = re.compile(r"(?:^|/)layer_?(\d+)(?:/|$)")
+LAYERED_MODELS = ("nmt", "nmt4", "rnnlm")
+
+
+def forward_name(name: str) -> str:
+    """The forward op (or variable) an op belongs to.
+
+    >>> forward_name("gradients/encoder/layer_1/lstm/MatMul_grad/MatMul_1")
+    'encoder/layer_1/lstm/MatMul'
+    >>> forward_name("Adam/update_decoder/layer_0/kernel/ApplyAdam")
+    'decoder/layer_0/kernel'
+    >>> forward_name("softmax/MatMul")
+    'softmax/MatMul'
+    """
+    if _GRAD.match(name):
+        parts = _GRAD.sub("", name).split("/")
+        for k in range(len(parts) - 1, -1, -1):
+            if _GRAD_TAIL.search(parts[k]):
+                return "/".join(parts[:k] + [_GRAD_TAIL.sub("", parts[k])])
+        return "/".join(parts)
+    m = _UPDATE.search(name)
+    if m:
+        return m.group(2)
+    return name
+
+
+def layer_role(fwd: str) -> tuple[str, int] | None:
+    """The role of a forward name in a layered sequence model: (stack, layer) with stack in
+    {"enc", "dec", "last"}, or None when not recognised.
+
+    >>> layer_role("encoder/layer_2/lstm/MatMul"), layer_role("decoder/attention/Softmax")
+    (('enc', 2), ('dec', 0))
+    >>> layer_role("loss/Mean"), layer_role("decoder/embedding/Gather")
+    (('last', 0), ('dec', 0))
+    """
+    low = fwd.lower()
+    top = low.split("/", 1)[0]
+    stack = "dec" if "decoder" in low else "enc"
+    m = _LAYER.search(low)
+    if "attention" in low:
+        return ("dec", 0)
+    if m:
+        return (stack, int(m.group(1)))
+    if "embedding" in low:
+        return (stack, 0)
+    if top in ("softmax", "loss", "logits", "output_projection", "projection", "output") or \
+            any(k in low for k in ("softmax", "/loss", "logits", "output_projection")):
+        return ("last", 0)
+    return None
+
+
+def _is_layered(graph: OpGraph, fwd: list[str]) -> bool:
+    base = graph.name.lower().split(":")[0]
+    if any(base == m or base.startswith(m + "_") or base.startswith(m + "-") for m in LAYERED_MODELS):
+        return True
+    return sum(1 for f in fwd if _LAYER.search(f.lower())) > 0.2 * max(len(fwd), 1)
+
+
+def _propagate(p: Problem, dev: np.ndarray, default: int) -> np.ndarray:
+    """Fill -1 entries from the heaviest already-assigned predecessor, then successor, else `default`."""
+    for i in range(p.n):
+        if dev[i] >= 0:
+            continue
+        s, e = p.pred_ptr[i], p.pred_ptr[i + 1]
+        cand = [(p.pred_bytes[k], dev[p.pred_idx[k]]) for k in range(s, e) if dev[p.pred_idx[k]] >= 0]
+        if cand:
+            dev[i] = max(cand, key=lambda t: t[0])[1]
+    for i in range(p.n - 1, -1, -1):
+        if dev[i] >= 0:
+            continue
+        s, e = p.succ_ptr[i], p.succ_ptr[i + 1]
+        cand = [(p.succ_bytes[k], dev[p.succ_idx[k]]) for k in range(s, e) if dev[p.succ_idx[k]] >= 0]
+        dev[i] = max(cand, key=lambda t: t[0])[1] if cand else default
+    return dev
+
+
+def _layered(p: Problem, fwd: list[str]) -> np.ndarray:
+    gpus = np.asarray(p.gpus)
+    N = len(gpus)
+    roles = [layer_role(f) for f in fwd]
+    L = {s: 1 + max([r[1] for r in roles if r and r[0] == s], default=0) for s in ("enc", "dec")}
+    dev = np.full(p.n, -1, np.int64)
+    for i, r in enumerate(roles):
+        if r is None:
+            continue
+        if r[0] == "last":
+            dev[i] = gpus[-1]
+        else:
+            dev[i] = gpus[min(N - 1, (r[1] * N) // L[r[0]])]
+    return dev
+
+
+def _generic(p: Problem, fwd: list[str]) -> np.ndarray:
+    gpus = np.asarray(p.gpus)
+    N = len(gpus)
+    scopes = [f.split("/")[:-1] for f in fwd]
+    depth_max = max((len(s) for s in scopes), default=0)
+    best_depth, best_count = 1, -1
+    for depth in range(1, depth_max + 1):
+        count = len({"/".join(s[:depth]) for s in scopes if s})
+        if count > best_count:
+            best_depth, best_count = depth, count
+        if count >= 2 * N:
+            best_depth = depth
+            break
+    keys = ["/".join(s[:best_depth]) if s else "" for s in scopes]
+    w = p.mean_gpu_cost()
+    block_of: dict[str, int] = {}
+    for i, k in enumerate(keys):  # blocks numbered in the topological order of their first op
+        if k and k not in block_of:
+            block_of[k] = len(block_of)
+    if not block_of:
+        return np.full(p.n, -1, np.int64)
+    b = np.array([block_of.get(k, -1) for k in keys])
+    comp = np.bincount(b[b >= 0], weights=w[b >= 0], minlength=len(block_of))
+    total = comp.sum()
+    if total <= 0:
+        comp = np.ones_like(comp)
+        total = comp.sum()
+    mid = np.cumsum(comp) - comp / 2.0
+    block_dev = gpus[np.minimum(N - 1, (mid * N / total).astype(np.int64))]
+    return np.where(b >= 0, block_dev[np.maximum(b, 0)], -1)
+
+
+def expert(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
+    """The papers' expert placement (see the module docstring for each rule): op→device index array.
+
+    >>> import numpy as np
+    >>> from placer.sim.cluster import Cluster, Device
+    >>> names = ["encoder/layer_0/m", "encoder/layer_1/m", "decoder/layer_0/m", "decoder/layer_1/m", "loss/m"]
+    >>> g = OpGraph.build([(n, "X", 4, 0, 1e9) for n in names], list(zip(names, names[1:])), name="nmt")
+    >>> devs = tuple(Device(f"/GPU:{i}", "X", 2**30) for i in range(2))
+    >>> expert(g, Cluster(devs, np.full((2, 2), 1e9), np.zeros((2, 2)))).tolist()
+    [0, 1, 0, 1, 1]
+    """
+    p = prepare(graph, cluster, costs)
+    gpus = np.asarray(p.gpus)
+    fixed = group_fixed_device(p)
+    fwd = [forward_name(nm) for nm in graph.names]
+    if graph.name.lower().startswith("inception"):
+        dev = np.full(p.n, gpus[0], np.int64)
+    elif _is_layered(graph, fwd):
+        dev = _layered(p, fwd)
+    else:
+        dev = _generic(p, fwd)
+    dev = _propagate(p, dev, int(gpus[0]))
+    # a co-location group goes where its variable (largest persistent bytes), else its first op, goes
+    anchor = np.asarray(p.group_first).copy()
+    pers = np.asarray(graph.persistent_bytes)
+    best = np.full(p.num_groups, -1, np.int64)
+    np.maximum.at(best, p.group, pers)
+    has_var = best > 0
+    for i in np.flatnonzero(pers > 0):
+        g = p.group[i]
+        if has_var[g] and pers[i] == best[g] and anchor[g] == p.group_first[g] and pers[anchor[g]] < best[g]:
+            anchor[g] = i
+    gd = dev[anchor]
+    gd = np.where(fixed >= 0, fixed, gd)
+    bad = ~p.group_allowed[np.arange(p.num_groups), gd]
+    gd[bad] = np.argmax(p.group_allowed[bad], axis=1)
+    return gd[p.group]

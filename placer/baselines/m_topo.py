@@ -1,0 +1,56 @@
+"""m-TOPO: memory-constrained topological placement (Baechi, SoCC 2020, `TopoUniformWithColocation`).
+
+Rule: walk the ops in topological order and fill the GPUs one after another. A device takes ops until
+the next co-location group (its whole memory, reserved when its first op is met) would push it past
+`⌈total model memory / N⌉` (so memory spreads evenly) or past its capacity; then the walk moves on to the
+next GPU (an empty GPU always takes one group; the last GPU takes the rest up to its capacity). Baechi adds
+the largest group as slack to the per-device limit, which can leave the last GPUs empty; we do not. Ops of a group already placed follow their group; CPU-only ops go to the CPU.
+When the last GPU is full, PlacementError names the op, memory needed and available.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from placer.baselines._common import group_fixed_device, memory_error, prepare
+from placer.graphs.opgraph import OpGraph
+from placer.sim.cluster import Cluster
+
+
+def m_topo(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
+    """Topological-order, memory-balanced placement: op→device index array.
+
+    >>> import numpy as np
+    >>> from placer.sim.cluster import Cluster, Device
+    >>> g = OpGraph.build([(f"op{i}", "X", 100) for i in range(4)], [(f"op{i}", f"op{i+1}") for i in range(3)])
+    >>> devs = tuple(Device(f"/GPU:{i}", "X", 2**30) for i in range(2))
+    >>> m_topo(g, Cluster(devs, np.full((2, 2), 1e9), np.zeros((2, 2)))).tolist()
+    [0, 0, 1, 1]
+    """
+    p = prepare(graph, cluster, costs)
+    fixed = group_fixed_device(p)
+    gpus = [int(d) for d in p.gpus]
+    free_groups = fixed < 0
+    total = int(p.group_mem[free_groups].sum())
+    limit = -(-total // max(len(gpus), 1))
+    used = np.zeros(p.D, np.int64)
+    gdev = fixed.copy()
+    for g in np.flatnonzero(fixed >= 0):
+        used[fixed[g]] += p.group_mem[g]
+    cur = 0
+    for g in np.argsort(p.group_first, kind="stable"):  # groups in the topological order of their first op
+        if gdev[g] >= 0:
+            continue
+        need = int(p.group_mem[g])
+        while cur < len(gpus):
+            d = gpus[cur]
+            last = cur == len(gpus) - 1
+            if p.group_allowed[g, d] and used[d] + need <= p.capacity[d] and (last or used[d] + need <= limit):
+                break
+            if used[d] == 0 and p.group_allowed[g, d] and used[d] + need <= p.capacity[d]:
+                break  # an empty device always takes one group (a group bigger than the limit)
+            cur += 1
+        if cur >= len(gpus):
+            raise memory_error(p, int(g), used, gpus, "m_topo")
+        gdev[g] = gpus[cur]
+        used[gpus[cur]] += need
+    return gdev[p.group]

@@ -1,0 +1,254 @@
+"""Baselines on small hand-built graphs: valid devices, co-location, CPU-only ops, memory, hand-computed m-ETF."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from placer.baselines import BASELINES, run_baseline
+from placer.baselines._common import memory_use, prepare
+from placer.baselines._schedule import etf
+from placer.baselines.expert import expert, forward_name
+from placer.baselines.m_sct import favorite_children
+from placer.errors import PlacementError
+from placer.graphs.opgraph import OpGraph
+from placer.sim.cluster import Cluster, Device
+
+MEMORY_AWARE = ["metis", "scotch", "heft", "m_topo", "m_etf", "m_sct"]
+
+
+def make_cluster(n_gpus: int = 2, gpu_mem: int = 2**30, bw: float = 1e9, lat: float = 1e-5) -> Cluster:
+    devs = [Device(f"/GPU:{i}", "T", gpu_mem, reserve_bytes=0, peak_flops=1e12, mem_bandwidth=1e11)
+            for i in range(n_gpus)]
+    devs.append(Device("/CPU:0", "cpu", 64 * 2**30, concurrency=4, peak_flops=1e11, mem_bandwidth=2e10))
+    D = len(devs)
+    return Cluster(tuple(devs), np.full((D, D), bw), np.full((D, D), lat), name=f"{n_gpus}xT")
+
+
+def two_tower_graph(layers: int = 4, act: int = 1_000_000, var: int = 4_000_000) -> OpGraph:
+    """Two towers of `layers` MatMuls with a variable each (co-located with its update), joined by a loss, plus
+    a CPU-only input op and a CPU-only step counter co-located with its increment."""
+    ops = [("input", "IteratorGetNext", act, 0, 0.0, True), ("step", "VarHandleOp", 8, 8, 0.0, True),
+           ("step_inc", "AssignAdd", 8, 0, 0.0)]
+    edges, coloc = [], [["step", "step_inc"]]
+    for t in "ab":
+        prev = "input"
+        for i in range(layers):
+            v, mm, up = f"{t}/layer_{i}/w", f"{t}/layer_{i}/MatMul", f"train/update_{t}/layer_{i}/w/Apply"
+            ops += [(v, "VarHandleOp", 8, var), (mm, "MatMul", act, 0, 5e9), (up, "ResourceApply", 8, 0, 1e6)]
+            edges += [(prev, mm), (v, mm), (mm, up)]
+            coloc.append([v, up])
+            prev = mm
+        edges.append((prev, "loss"))
+    ops.append(("loss", "Mean", 4, 0, 1e6))
+    edges.append(("loss", "step_inc"))
+    return OpGraph.build(ops, edges, colocate=coloc, name="towers")
+
+
+@pytest.fixture(scope="module")
+def graph() -> OpGraph:
+    return two_tower_graph()
+
+
+def test_registry_names_match_cli():
+    expected = {"single_gpu", "single_cpu", "expert", "metis", "heft", "m_topo", "m_etf", "m_sct", "random"}
+    assert expected <= set(BASELINES)
+    with pytest.raises(PlacementError, match="valid baselines are .*m_etf"):
+        run_baseline("nope", two_tower_graph(1), make_cluster())
+
+
+@pytest.mark.parametrize("name", sorted(BASELINES))
+def test_valid_colocated_cpu_only(name, graph):
+    if name not in BASELINES:
+        pytest.skip(f"{name} unavailable")
+    c = make_cluster(2)
+    pl = run_baseline(name, graph, c, seed=3)
+    assert pl.shape == (graph.num_ops,) and pl.dtype == np.int64
+    assert ((pl >= 0) & (pl < c.num_devices)).all()
+    for g in np.unique(graph.colocation):  # co-location kept
+        assert len(set(pl[graph.colocation == g].tolist())) == 1, graph.names[np.flatnonzero(graph.colocation == g)[0]]
+    assert (pl[graph.cpu_only] == c.cpu_index).all()  # CPU-only ops on the CPU
+    assert graph.cpu_only[graph.index("step_inc")]  # its co-location group made it CPU-only
+    if name != "single_cpu":
+        assert (pl[~graph.cpu_only] != c.cpu_index).all()  # everything else on the GPUs
+    else:
+        assert (pl == c.cpu_index).all()
+
+
+@pytest.mark.parametrize("name", ["metis", "heft", "m_etf", "m_sct", "m_topo", "random", "round_robin"])
+def test_uses_both_gpus(name, graph):
+    pl = run_baseline(name, graph, make_cluster(2))
+    assert set(pl[~graph.cpu_only].tolist()) == {0, 1}
+
+
+def test_single_gpu_is_first_gpu(graph):
+    pl = run_baseline("single_gpu", graph, make_cluster(2))
+    assert (pl[~graph.cpu_only] == 0).all()
+
+
+@pytest.mark.parametrize("name", MEMORY_AWARE)
+def test_memory_respected_when_one_gpu_cannot_hold_the_model(name, graph):
+    if name not in BASELINES:
+        pytest.skip(f"{name} unavailable")
+    total_gpu = int(prepare(graph, make_cluster(2)).mem[~graph.cpu_only].sum())
+    cap = int(total_gpu * 0.6)  # one GPU holds 60% of the model: two are needed
+    c = make_cluster(2, gpu_mem=cap)
+    p = prepare(graph, c)
+    assert memory_use(p, run_baseline("single_gpu", graph, c))[0] > cap  # the naive placement does not fit
+    pl = run_baseline(name, graph, c)
+    use = memory_use(p, pl)
+    assert (use[:2] <= cap).all(), (name, use, cap)
+
+
+@pytest.mark.parametrize("name", MEMORY_AWARE)
+def test_memory_error_names_need_and_available(name, graph):
+    if name not in BASELINES:
+        pytest.skip(f"{name} unavailable")
+    total_gpu = int(prepare(graph, make_cluster(2)).mem[~graph.cpu_only].sum())
+    c = make_cluster(2, gpu_mem=int(total_gpu * 0.4))  # both GPUs together hold 80%
+    with pytest.raises(PlacementError, match=r"(needs|cannot fit).*(free|of)"):
+        run_baseline(name, graph, c)
+
+
+def diamond():
+    """a -> b, a -> c, b -> d, c -> d; costs 1, 2, 3, 1 s on each GPU; every transfer 0.5 s (latency)."""
+    g = OpGraph.build([("a", "X", 0), ("b", "X", 0), ("c", "X", 0), ("d", "X", 0)],
+                      [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])
+    c = make_cluster(2, bw=1e30, lat=0.5)
+    cost = np.array([[1, 1, 9], [2, 2, 9], [3, 3, 9], [1, 1, 9]], float)
+    return g, c, cost
+
+
+def test_m_etf_matches_hand_computed_schedule():
+    g, c, cost = diamond()
+    s = etf(prepare(g, c, cost))
+    # t=0: a on GPU:0 [0,1] (tie between GPUs -> lower index).
+    # b, c ready; both start earliest at 1 on GPU:0 -> c wins (b-level 3+0.5+1=4.5 > 2+0.5+1=3.5): c [1,4] on 0.
+    # b: GPU:0 free at 4, GPU:1 at 1+0.5=1.5 -> b [1.5,3.5] on 1.
+    # d: GPU:0 max(4, 3.5+0.5)=4, GPU:1 max(3.5, 4+0.5)=4.5 -> d [4,5] on 0.
+    idx = {n: g.index(n) for n in "abcd"}
+    assert [int(s.device[idx[n]]) for n in "abcd"] == [0, 1, 0, 0]
+    assert [float(s.start[idx[n]]) for n in "abcd"] == [0.0, 1.5, 1.0, 4.0]
+    assert s.makespan == 5.0
+    assert run_baseline("m_etf", g, c, costs=cost).tolist() == s.device.tolist()
+
+
+def test_heft_on_diamond():
+    g, c, cost = diamond()
+    # ranks: d=1, b=2+0.5+1=3.5, c=3+0.5+1=4.5, a=1+0.5+4.5=6; order a, c, b, d.
+    # a->GPU:0 [0,1]; c: EFT 0:4, 1:4.5 -> 0; b: EFT 0:6, 1:1.5+2=3.5 -> 1; d: 0: max(4,4)+1=5, 1: 4.5+1 -> 0.
+    pl = run_baseline("heft", g, c, costs=cost)
+    assert [int(pl[g.index(n)]) for n in "abcd"] == [0, 1, 0, 0]
+
+
+def test_m_sct_favorite_child_follows_heavy_edge():
+    # a feeds b with 100 MB and c with 8 bytes: b is a's favorite child; a two-GPU schedule keeps b with a
+    g = OpGraph.build([("a", "X", [100_000_000, 8], 0, 1e9), ("b", "X", 8, 0, 1e9), ("c", "X", 8, 0, 1e9)],
+                      [("a", "b", 0), ("a", "c", 1)])
+    c = make_cluster(2, bw=1e9, lat=1e-5)
+    p = prepare(g, c)
+    fav = favorite_children(p)
+    assert fav[g.index("b")] == g.index("a")
+    assert fav[g.index("c")] == -1
+    pl = run_baseline("m_sct", g, c)
+    assert pl[g.index("b")] == pl[g.index("a")]
+
+
+def test_m_topo_fills_devices_in_order():
+    g = OpGraph.build([(f"op{i}", "X", 100) for i in range(6)], [(f"op{i}", f"op{i+1}") for i in range(5)])
+    pl = run_baseline("m_topo", g, make_cluster(3))
+    assert pl.tolist() == [0, 0, 1, 1, 2, 2]  # 600 bytes, 200 per GPU, in topological order
+
+
+def test_random_is_seeded(graph):
+    c = make_cluster(4)
+    a, b = run_baseline("random", graph, c, seed=1), run_baseline("random", graph, c, seed=1)
+    assert (a == b).all()
+    assert any((run_baseline("random", graph, c, seed=s) != a).any() for s in range(2, 6))
+
+
+def test_metis_cuts_between_towers():
+    # two independent towers of equal compute: min-cut puts each tower on its own GPU (only the loss is cut)
+    g = two_tower_graph(layers=3)
+    pl = run_baseline("metis", g, make_cluster(2))
+    towers = [{int(pl[i]) for i, n in enumerate(g.names) if n.startswith(t + "/") or f"update_{t}/" in n}
+              for t in "ab"]
+    assert all(len(t) == 1 for t in towers) and towers[0] != towers[1]
+
+
+def test_forward_names():
+    assert forward_name("gradients/decoder/layer_1/cell/MatMul_grad/MatMul") == "decoder/layer_1/cell/MatMul"
+    assert forward_name("gradients_1/softmax/Softmax_grad/mul") == "softmax/Softmax"
+    assert forward_name("Adam/update_encoder/layer_0/kernel/ResourceApplyAdam") == "encoder/layer_0/kernel"
+
+
+def nmt_like(layers: int = 4) -> OpGraph:
+    """An NMT-shaped graph: embeddings, L encoder and decoder layers, attention, softmax, loss, gradients and
+    optimizer updates co-located with their variables."""
+    ops, edges, coloc = [], [], []
+
+    def layer(scope, prev):
+        w, mm = f"{scope}/kernel", f"{scope}/MatMul"
+        ops.extend([(w, "VarHandleOp", 8, 1000), (mm, "MatMul", 1000, 0, 1e9)])
+        edges.extend([(prev, mm), (w, mm)])
+        return mm
+
+    prev = layer("encoder/embedding", "src")
+    ops.append(("src", "Placeholder", 1000))
+    for i in range(layers):
+        prev = layer(f"encoder/layer_{i}", prev)
+    enc = prev
+    prev = layer("decoder/embedding", "src")
+    for i in range(layers):
+        prev = layer(f"decoder/layer_{i}", prev)
+        if i == 0:
+            prev = layer("decoder/attention", prev)
+            edges.append((enc, prev))
+    prev = layer("softmax", prev)
+    ops.append(("loss/Mean", "Mean", 4, 0, 1e6))
+    edges.append((prev, "loss/Mean"))
+    fwd = [o[0] for o in ops if o[1] == "MatMul"]
+    prev = "loss/Mean"
+    for f in reversed(fwd):
+        gname = f"gradients/{f}_grad/MatMul"
+        ops.append((gname, "MatMul", 1000, 0, 1e9))
+        edges.extend([(prev, gname), (f, gname)])
+        w = f.rsplit("/", 1)[0] + "/kernel"
+        up = f"Adam/update_{w}/ResourceApplyAdam"
+        ops.append((up, "ResourceApplyAdam", 8, 0, 1e6))
+        edges.append((gname, up))
+        coloc.append([w, up])
+        prev = gname
+    return OpGraph.build(ops, edges, colocate=coloc, name="nmt")
+
+
+@pytest.mark.parametrize("n_gpus", [2, 4])
+def test_expert_layers_on_nmt_like_graph(n_gpus):
+    L = 4
+    g = nmt_like(L)
+    pl = expert(g, make_cluster(n_gpus))
+    dev = {n: int(pl[i]) for i, n in enumerate(g.names)}
+    for i in range(L):
+        want = (i * n_gpus) // L
+        for stack in ("encoder", "decoder"):
+            assert dev[f"{stack}/layer_{i}/MatMul"] == want
+            assert dev[f"gradients/{stack}/layer_{i}/MatMul_grad/MatMul"] == want  # backward follows forward
+            assert dev[f"Adam/update_{stack}/layer_{i}/kernel/ResourceApplyAdam"] == want  # update with variable
+            assert dev[f"{stack}/layer_{i}/kernel"] == want
+    assert dev["encoder/embedding/MatMul"] == 0 and dev["decoder/embedding/MatMul"] == 0
+    assert dev["decoder/attention/MatMul"] == 0
+    assert dev["softmax/MatMul"] == n_gpus - 1 and dev["loss/Mean"] == n_gpus - 1
+    assert dev["src"] == 0  # unrecognised input follows its heaviest consumer
+
+
+def test_expert_generic_rule_is_contiguous_and_balanced():
+    names = [f"block{i}/conv" for i in range(8)]
+    g = OpGraph.build([(n, "Conv2D", 100, 0, 1e9) for n in names], list(zip(names, names[1:])), name="custom")
+    pl = expert(g, make_cluster(4))
+    assert pl.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_expert_inception_is_single_gpu():
+    names = [f"mixed_{i}/conv" for i in range(6)]
+    g = OpGraph.build([(n, "Conv2D", 100, 0, 1e9) for n in names], list(zip(names, names[1:])),
+                      name="inception_v3")
+    assert (expert(g, make_cluster(4)) == 0).all()
