@@ -1,9 +1,22 @@
-"""Cluster specs: devices and the links between them. Presets are data (see PRESETS)."""
+"""Cluster specs: devices and the links between them. Presets are data (see PRESETS).
+
+    parse_cluster("4xK80")        four K80 dies /GPU:0../GPU:3 + the host /CPU:0 (last)
+    parse_cluster("cpu")          the host CPU alone
+    parse_cluster("box.json")     a cluster JSON file (CLUSTER_JSON_DOC; write one with to_json)
+    cluster_from_devices("cpu:2") real local devices (--devices)
+"""
 from __future__ import annotations
 
+import json
+import os
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
 
 import numpy as np
+
+from placer.errors import ClusterError
 
 
 @dataclass(frozen=True)
@@ -57,3 +70,389 @@ class Cluster:
         """The accelerators ("N devices" in CLI.md). On a CPU-only cluster, all devices."""
         g = [i for i, d in enumerate(self.devices) if not d.is_cpu]
         return g or list(range(len(self.devices)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Presets (data). Every figure cites the vendor datasheet it comes from; "per GPU" means what TensorFlow sees as
+# one device (a K80 board is two GK210 dies = two TF devices).
+# Fields: memory_bytes, reserve_bytes, concurrency, peak_flops (fp32 FLOP/s), mem_bandwidth (bytes/s),
+#         link ("pcie3" | "pcie4" | "pcie5" | "nvlink1" | "nvlink2" | "nvlink3" | "nvlink4": the GPU<->GPU fabric),
+#         host_link (the GPU<->CPU link), sms + arch (what Grappler's DeviceProperties are built from).
+# ---------------------------------------------------------------------------------------------------------------
+GiB = 1 << 30
+
+LINKS: dict[str, dict[str, float]] = {
+    # bandwidth per direction (bytes/s) and per-transfer latency (s).
+    # PCIe 3.0 x16: 8 GT/s x 16 lanes, 128b/130b = 15.75 GB/s per direction (PCI-SIG PCIe 3.0 spec;
+    #   NVIDIA K80/P100/V100-PCIe datasheets: "PCIe Gen3 x16, 32 GB/s" bidirectional).
+    "pcie3": {"bandwidth": 15.75e9, "latency": 15e-6},
+    # PCIe 4.0 x16: 31.5 GB/s per direction (A100 datasheet: "PCIe Gen4: 64 GB/s" bidirectional).
+    "pcie4": {"bandwidth": 31.5e9, "latency": 12e-6},
+    # PCIe 5.0 x16: 63 GB/s per direction (H100/H200 datasheet: "PCIe Gen5: 128 GB/s" bidirectional).
+    "pcie5": {"bandwidth": 63e9, "latency": 10e-6},
+    # NVLink 1 (P100 SXM2 datasheet: 4 links, 160 GB/s bidirectional total = 20 GB/s per link per direction;
+    #   DGX-1 hybrid cube-mesh: one link between neighbouring GPUs).
+    "nvlink1": {"bandwidth": 20e9, "latency": 10e-6},
+    # NVLink 2 (V100 SXM2 datasheet: 6 links, 300 GB/s bidirectional = 25 GB/s per link per direction;
+    #   DGX-1V: one or two links between neighbours; we charge one link).
+    "nvlink2": {"bandwidth": 25e9, "latency": 10e-6},
+    # NVLink 3 + NVSwitch (A100 SXM4 datasheet: 600 GB/s bidirectional per GPU = 300 GB/s per direction).
+    "nvlink3": {"bandwidth": 300e9, "latency": 8e-6},
+    # NVLink 4 + NVSwitch (H100/H200 SXM datasheet: 900 GB/s bidirectional per GPU = 450 GB/s per direction).
+    "nvlink4": {"bandwidth": 450e9, "latency": 8e-6},
+    # Logical CPU devices of one process: TF's intra-process rendezvous hands the buffer over without a copy;
+    # we charge a host-memory copy (Xeon E5-2686 v4 datasheet: 76.8 GB/s, 4 x DDR4-2400) and a small latency.
+    "host": {"bandwidth": 76.8e9, "latency": 5e-6},
+}
+# Latencies are not datasheet figures: they are the per-transfer fixed cost of a TF Send/Recv pair
+# (rendezvous + cudaMemcpyAsync launch), measured order 10-20 us on PCIe systems.
+
+PRESETS: dict[str, dict] = {
+    # NVIDIA Tesla K80 datasheet (2014): 2 x GK210, 24 GB GDDR5 = 12 GB per GPU, 480 GB/s = 240 GB/s per GPU,
+    # 8.73 TFLOPS fp32 with GPU Boost = 4.37 TFLOPS per GPU (13 SMX x 192 cores x 2 x 875 MHz), PCIe Gen3 x16.
+    "K80": dict(memory_bytes=12 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=4.37e12,
+                mem_bandwidth=240e9, link="pcie3", host_link="pcie3", sms=13, arch="3.7", model="Tesla K80"),
+    # NVIDIA Tesla P100 PCIe datasheet (2016): 16 GB CoWoS HBM2, 732 GB/s, 9.3 TFLOPS fp32, PCIe Gen3 x16.
+    "P100": dict(memory_bytes=16 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=9.3e12,
+                 mem_bandwidth=732e9, link="pcie3", host_link="pcie3", sms=56, arch="6.0", model="Tesla P100"),
+    # NVIDIA Tesla V100 SXM2 datasheet (2017): 16 GB HBM2, 900 GB/s, 15.7 TFLOPS fp32, NVLink 300 GB/s,
+    # host over PCIe Gen3 x16.
+    "V100": dict(memory_bytes=16 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=15.7e12,
+                 mem_bandwidth=900e9, link="nvlink2", host_link="pcie3", sms=80, arch="7.0", model="Tesla V100"),
+    # NVIDIA A100 Tensor Core GPU datasheet (2020, SXM4 40GB): 40 GB HBM2, 1,555 GB/s, 19.5 TFLOPS fp32,
+    # NVLink 600 GB/s, PCIe Gen4 64 GB/s.
+    "A100": dict(memory_bytes=40 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=19.5e12,
+                 mem_bandwidth=1555e9, link="nvlink3", host_link="pcie4", sms=108, arch="8.0", model="A100"),
+    # Same datasheet, A100 80GB SXM4: 80 GB HBM2e, 2,039 GB/s, 19.5 TFLOPS fp32, NVLink 600 GB/s, PCIe Gen4.
+    "A100-80G": dict(memory_bytes=80 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=19.5e12,
+                     mem_bandwidth=2039e9, link="nvlink3", host_link="pcie4", sms=108, arch="8.0",
+                     model="A100 80GB"),
+    # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM5): 80 GB HBM3, 3.35 TB/s, 67 TFLOPS fp32,
+    # NVLink 900 GB/s, PCIe Gen5 128 GB/s.
+    "H100": dict(memory_bytes=80 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=67e12,
+                 mem_bandwidth=3.35e12, link="nvlink4", host_link="pcie5", sms=132, arch="9.0", model="H100"),
+    # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): 141 GB HBM3e, 4.8 TB/s, 67 TFLOPS fp32,
+    # NVLink 900 GB/s, PCIe Gen5 128 GB/s.
+    "H200": dict(memory_bytes=141 * 10**9, reserve_bytes=1 * GiB, concurrency=1, peak_flops=67e12,
+                 mem_bandwidth=4.8e12, link="nvlink4", host_link="pcie5", sms=132, arch="9.0", model="H200"),
+    # The host CPU: Intel Xeon E5-2686 v4 (the host of AWS p2 K80 instances; Intel ARK): 18 cores, 2.3 GHz,
+    # AVX2 2 x FMA x 8 fp32 = 32 FLOP/cycle/core -> 18 x 2.3e9 x 32 = 1.32 TFLOPS; 4 x DDR4-2400 = 76.8 GB/s.
+    # 256 GiB of host RAM (a typical K80 server), 16 GiB held back for the OS. concurrency: TF's inter-op pool
+    # runs several ops at once, each op itself multi-threaded by Eigen; we model 2 ops at once at full speed.
+    "cpu": dict(memory_bytes=256 * GiB, reserve_bytes=16 * GiB, concurrency=2, peak_flops=1.32e12,
+                mem_bandwidth=76.8e9, link="host", host_link="host", cores=18, model="Xeon E5-2686 v4"),
+}
+
+GPU_KINDS = tuple(k for k in PRESETS if k != "cpu")
+_DEVICE_FIELDS = ("memory_bytes", "reserve_bytes", "concurrency", "peak_flops", "mem_bandwidth")
+
+
+def valid_kinds_text() -> str:
+    return ", ".join(GPU_KINDS) + " (as NxKIND, e.g. 4xK80), cpu, or a cluster JSON file"
+
+
+def preset_kind(kind: str) -> str:
+    """The canonical preset name for `kind` (case-insensitive); ClusterError listing valid kinds when unknown."""
+    for k in PRESETS:
+        if k.lower() == str(kind).strip().lower():
+            return k
+    raise ClusterError(f"unknown device kind {kind!r}; valid: {valid_kinds_text()}")
+
+
+def make_device(name: str, kind: str, **overrides) -> Device:
+    """A Device of a preset kind named `name` (fields overridable)."""
+    k = preset_kind(kind)
+    p = PRESETS[k]
+    fields = {f: p[f] for f in _DEVICE_FIELDS}
+    fields.update({f: v for f, v in overrides.items() if v is not None})
+    return Device(name=name, kind=k, memory_bytes=int(fields["memory_bytes"]),
+                  reserve_bytes=int(fields["reserve_bytes"]), concurrency=int(fields["concurrency"]),
+                  peak_flops=float(fields["peak_flops"]), mem_bandwidth=float(fields["mem_bandwidth"]))
+
+
+def _link_of(kind: str, which: str) -> dict[str, float]:
+    p = PRESETS.get(kind)
+    return LINKS[p[which]] if p else LINKS["pcie3"]
+
+
+def build_links(devices: Sequence[Device]) -> tuple[np.ndarray, np.ndarray]:
+    """Default link model: GPU<->GPU over the preset's fabric (the slower of the two ends), GPU<->CPU over the
+    GPU's host link (PCIe), CPU<->CPU through host memory. Unknown kinds: PCIe 3."""
+    d = len(devices)
+    bw = np.full((d, d), np.inf)
+    lat = np.zeros((d, d))
+    for i, a in enumerate(devices):
+        for j, b in enumerate(devices):
+            if i == j:
+                continue
+            if a.is_cpu and b.is_cpu:
+                ln = LINKS["host"]
+            elif a.is_cpu or b.is_cpu:
+                ln = _link_of(b.kind if a.is_cpu else a.kind, "host_link")
+            else:
+                la, lb = _link_of(a.kind, "link"), _link_of(b.kind, "link")
+                ln = la if la["bandwidth"] <= lb["bandwidth"] else lb
+            bw[i, j] = ln["bandwidth"]
+            lat[i, j] = ln["latency"]
+    return bw, lat
+
+
+def make_cluster(devices: Sequence[Device], name: str = "cluster", **meta) -> Cluster:
+    """A Cluster over `devices` with the default link model (see build_links)."""
+    names = [d.name for d in devices]
+    if len(set(names)) != len(names):
+        raise ClusterError(f"duplicate device names in cluster {name!r}: {names}")
+    if not devices:
+        raise ClusterError(f"cluster {name!r} has no devices")
+    bw, lat = build_links(devices)
+    return Cluster(devices=tuple(devices), bandwidth=bw, latency=lat, name=name, meta=dict(meta))
+
+
+_SPEC_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9_\-]+)\s*$")
+
+
+def parse_cluster(spec: "str | os.PathLike | Cluster") -> Cluster:
+    """`NxKIND` (N GPUs /GPU:0..N-1 then the host /CPU:0), `cpu` (the host CPU alone), `KIND` (= 1xKIND) or a
+    path to a cluster JSON file (see `cluster_from_json`).
+
+    >>> c = parse_cluster("4xK80")
+    >>> c.device_names
+    ['/GPU:0', '/GPU:1', '/GPU:2', '/GPU:3', '/CPU:0']
+    """
+    if isinstance(spec, Cluster):
+        return spec
+    s = str(spec).strip()
+    if not s:
+        raise ClusterError(f"empty cluster spec; valid: {valid_kinds_text()}")
+    if s.lower().endswith(".json") or os.path.sep in s or os.path.exists(s):
+        return load_cluster(s)
+    if s.lower() == "cpu":
+        return make_cluster([make_device("/CPU:0", "cpu")], name="cpu", spec="cpu")
+    m = _SPEC_RE.match(s)
+    n, kind = (int(m.group(1)), m.group(2)) if m else (1, s)
+    try:
+        k = preset_kind(kind)
+    except ClusterError:
+        raise ClusterError(f"unknown cluster spec {s!r} (device kind {kind!r}); valid: {valid_kinds_text()}") \
+            from None
+    if k == "cpu":
+        if n != 1:
+            raise ClusterError(f"cluster spec {s!r}: the host CPU is one device; use --devices cpu:{n} for "
+                               f"logical CPU devices")
+        return parse_cluster("cpu")
+    if n < 1 or n > 1024:
+        raise ClusterError(f"cluster spec {s!r}: the GPU count must be 1..1024")
+    devs = [make_device(f"/GPU:{i}", k) for i in range(n)] + [make_device("/CPU:0", "cpu")]
+    return make_cluster(devs, name=f"{n}x{k}", spec=f"{n}x{k}", gpu_kind=k)
+
+
+# ---- JSON -----------------------------------------------------------------------------------------------------
+CLUSTER_JSON_DOC = """Cluster JSON file (format 1):
+{"format": 1, "name": "my-box",
+ "devices": [{"name": "/GPU:0", "kind": "V100"},                      # preset figures for the kind
+             {"name": "/GPU:1", "kind": "V100", "memory_bytes": 17179869184},   # any field overridable
+             {"name": "/CPU:0", "kind": "cpu", "concurrency": 4},
+             {"name": "/GPU:2", "kind": "MyChip", "memory_bytes": 1e10, "peak_flops": 2e13,
+              "mem_bandwidth": 1e12}],                                 # a non-preset kind gives every figure
+ "bandwidth": [[...D floats...], ...],   # optional: bytes/s of link i->j (default: the presets' link model)
+ "latency":   [[...D floats...], ...]}   # optional: seconds per transfer on link i->j
+Device fields: name (TF short form or full form), kind, memory_bytes, reserve_bytes (0), concurrency (1; the
+host CPU preset: 2), peak_flops (fp32 FLOP/s), mem_bandwidth (bytes/s). Diagonal entries are ignored; a null or
+missing matrix takes the default link model."""
+
+
+def cluster_to_dict(cluster: Cluster) -> dict:
+    def num(x):
+        return None if not np.isfinite(x) else float(x)
+
+    return {
+        "format": 1,
+        "name": cluster.name,
+        "devices": [dict(name=d.name, kind=d.kind, memory_bytes=int(d.memory_bytes),
+                         reserve_bytes=int(d.reserve_bytes), concurrency=int(d.concurrency),
+                         peak_flops=float(d.peak_flops), mem_bandwidth=float(d.mem_bandwidth))
+                    for d in cluster.devices],
+        "bandwidth": [[num(x) for x in row] for row in np.asarray(cluster.bandwidth, float)],
+        "latency": [[float(x) for x in row] for row in np.asarray(cluster.latency, float)],
+    }
+
+
+def to_json(cluster: Cluster, path: "str | os.PathLike | None" = None) -> str:
+    """Serialise a cluster (format of CLUSTER_JSON_DOC); write it to `path` when given. Round-trips through
+    parse_cluster(path)."""
+    text = json.dumps(cluster_to_dict(cluster), indent=1)
+    if path is not None:
+        Path(path).write_text(text)
+    return text
+
+
+def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
+    if not isinstance(obj, dict) or not isinstance(obj.get("devices"), list) or not obj["devices"]:
+        raise ClusterError(f"{source}: a cluster JSON needs a non-empty \"devices\" list\n{CLUSTER_JSON_DOC}")
+    devs = []
+    for k, d in enumerate(obj["devices"]):
+        if not isinstance(d, dict) or "name" not in d:
+            raise ClusterError(f"{source}: device #{k} needs at least a \"name\"")
+        name = str(d["name"])
+        kind = str(d.get("kind") or ("cpu" if "CPU" in name.upper().rsplit("/", 1)[-1] else ""))
+        extra = {f: d.get(f) for f in _DEVICE_FIELDS}
+        try:
+            dev = make_device(name, kind, **extra)
+        except ClusterError:
+            missing = [f for f in ("memory_bytes", "peak_flops", "mem_bandwidth") if d.get(f) is None]
+            if missing:
+                raise ClusterError(f"{source}: device {name!r} has kind {kind!r}, which is no preset "
+                                   f"({valid_kinds_text()}); give {', '.join(missing)} for it") from None
+            try:
+                dev = Device(name=name, kind=kind or "custom", memory_bytes=int(float(d["memory_bytes"])),
+                             reserve_bytes=int(float(d.get("reserve_bytes") or 0)),
+                             concurrency=int(d.get("concurrency") or 1), peak_flops=float(d["peak_flops"]),
+                             mem_bandwidth=float(d["mem_bandwidth"]))
+            except (TypeError, ValueError) as e:
+                raise ClusterError(f"{source}: device {name!r}: bad figure ({e})") from None
+        if dev.concurrency < 1 or dev.capacity_bytes <= 0 or dev.peak_flops <= 0 or dev.mem_bandwidth <= 0:
+            raise ClusterError(f"{source}: device {name!r}: concurrency, memory - reserve, peak_flops and "
+                               f"mem_bandwidth must be positive")
+        devs.append(dev)
+    c = make_cluster(devs, name=str(obj.get("name") or Path(source).stem), spec=source)
+    n = len(devs)
+    for key in ("bandwidth", "latency"):
+        m = obj.get(key)
+        if m is None:
+            continue
+        try:
+            arr = np.array([[np.inf if x is None else float(x) for x in row] for row in m], dtype=float)
+        except (TypeError, ValueError) as e:
+            raise ClusterError(f"{source}: {key!r} must be a {n}x{n} matrix of numbers ({e})") from None
+        if arr.shape != (n, n):
+            raise ClusterError(f"{source}: {key!r} must be {n}x{n} (one row per device), got {arr.shape}")
+        off = ~np.eye(n, dtype=bool)
+        if key == "bandwidth" and (arr[off] <= 0).any():
+            raise ClusterError(f"{source}: every bandwidth must be > 0 bytes/s")
+        if key == "latency" and (arr[off] < 0).any():
+            raise ClusterError(f"{source}: latencies must be >= 0 s")
+        np.fill_diagonal(arr, np.inf if key == "bandwidth" else 0.0)
+        getattr(c, key)[...] = arr
+    return c
+
+
+def load_cluster(path: "str | os.PathLike") -> Cluster:
+    """Read a cluster JSON file (CLUSTER_JSON_DOC)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ClusterError(f"cluster file {str(p)!r} does not exist (or the spec is not valid: "
+                           f"{valid_kinds_text()})")
+    try:
+        obj = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ClusterError(f"cannot read cluster file {str(p)!r}: {e}") from None
+    return cluster_from_dict(obj, str(p))
+
+
+# ---- real local devices -----------------------------------------------------------------------------------------
+def short_device_name(name: str) -> str:
+    """'/job:localhost/replica:0/task:0/device:GPU:0' or '/device:GPU:0' or 'gpu:0' -> '/GPU:0' (local names);
+    remote names (a job other than localhost) keep their full form."""
+    s = str(name).strip()
+    m = re.search(r"(?:device:)?([A-Za-z_]+):(\d+)\s*$", s)
+    if not m:
+        raise ClusterError(f"{name!r} is not a TF device name (expected e.g. /GPU:0, /CPU:0)")
+    job = re.search(r"/job:([^/]+)", s)
+    if job and job.group(1) != "localhost":
+        return s
+    return f"/{m.group(1).upper()}:{int(m.group(2))}"
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return int(PRESETS["cpu"]["memory_bytes"])
+
+
+def _kind_of_gpu_model(model: str) -> str | None:
+    m = model.upper()
+    if "A100" in m:
+        return "A100-80G" if "80" in m.replace("A100", "") else "A100"
+    for k in ("H200", "H100", "V100", "P100", "K80"):
+        if k in m:
+            return k
+    return None
+
+
+def cluster_from_devices(spec: "str | Sequence[str]") -> Cluster:
+    """Cluster of real local devices for `--devices`: `cpu:N` (N logical CPU devices /CPU:0../CPU:N-1 sharing the
+    host: each gets the host's memory and 1/N of its peak, concurrency 1 when N > 1) or a comma list of TF device
+    names (kind and memory from TensorFlow's device list; a GPU model that is no preset gets the V100 figures).
+
+    >>> cluster_from_devices("cpu:2").device_names
+    ['/CPU:0', '/CPU:1']
+    """
+    if isinstance(spec, str):
+        s = spec.strip()
+        m = re.match(r"^cpu\s*:\s*(\d+)$", s, re.I)
+        if m:
+            n = int(m.group(1))
+            if n < 1 or n > 256:
+                raise ClusterError(f"--devices {s!r}: N must be 1..256")
+            host = PRESETS["cpu"]
+            mem = _host_memory_bytes()
+            devs = [make_device(f"/CPU:{i}", "cpu", memory_bytes=mem, reserve_bytes=min(mem // 8, 2 * GiB),
+                                concurrency=host["concurrency"] if n == 1 else 1,
+                                peak_flops=host["peak_flops"] / n, mem_bandwidth=host["mem_bandwidth"] / n)
+                    for i in range(n)]
+            return make_cluster(devs, name=f"cpu:{n}", spec=f"cpu:{n}")
+        names = [x for x in (t.strip() for t in s.split(",")) if x]
+    else:
+        names = [str(x) for x in spec]
+    if not names:
+        raise ClusterError("--devices is empty; use cpu:N or a comma list like /GPU:0,/GPU:1,/CPU:0")
+    short = [short_device_name(x) for x in names]
+    if len(set(short)) != len(short):
+        raise ClusterError(f"--devices names a device twice: {names}")
+    local = _local_tf_devices()
+    devs = []
+    for nm in short:
+        if nm not in local:
+            raise ClusterError(f"device {nm!r} is not available here; TensorFlow sees: {', '.join(local) or 'none'}")
+        kind, mem = local[nm]
+        if kind == "cpu":
+            hm = _host_memory_bytes()
+            devs.append(make_device(nm, "cpu", memory_bytes=hm, reserve_bytes=min(hm // 8, 2 * GiB)))
+        else:
+            devs.append(make_device(nm, kind, memory_bytes=mem))
+    return make_cluster(devs, name=",".join(short), spec=",".join(short))
+
+
+def _local_tf_devices() -> dict[str, tuple[str, int | None]]:
+    """short name -> (preset kind, memory bytes or None) for the devices TensorFlow sees in this process."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    out: dict[str, tuple[str, int | None]] = {}
+    for d in tf.config.list_logical_devices():
+        nm = short_device_name(d.name)
+        if d.device_type == "CPU":
+            out[nm] = ("cpu", None)
+        elif d.device_type == "GPU":
+            kind, mem = "V100", None
+            try:
+                phys = tf.config.list_physical_devices("GPU")
+                idx = int(nm.rsplit(":", 1)[1])
+                det = tf.config.experimental.get_device_details(phys[min(idx, len(phys) - 1)])
+                kind = _kind_of_gpu_model(str(det.get("device_name", ""))) or "V100"
+            except Exception:  # noqa: BLE001 - details are best effort
+                pass
+            out[nm] = (kind, mem)
+    return out
+
+
+def cluster_from_args(args) -> Cluster:
+    """`--cluster SPEC` or `--devices LIST` (CLI.md)."""
+    spec = getattr(args, "cluster", None)
+    if spec:
+        return parse_cluster(spec)
+    devs = getattr(args, "devices", None)
+    if devs:
+        return cluster_from_devices(devs)
+    raise ClusterError("give --cluster SPEC (e.g. 4xK80) or --devices LIST (e.g. cpu:2)")

@@ -1,0 +1,620 @@
+"""Event simulator of one training step of a placed graph: ops on devices, transfers on links, memory per device.
+
+Semantics (issue 3):
+- Each device keeps a ready queue. An op is ready when every data input is present on its device (produced
+  there, or received) and every control predecessor finished. A GPU runs one op at a time, a CPU
+  `concurrency` ops at once. Order (`order="ready"`, the default) is the order TensorFlow's executor starts
+  them: FIFO by the time the op became ready, ties by topological index. `order="critical"`: highest
+  bottom level first (longest remaining path of assigned op costs, transfers not counted), ties by index.
+- Each tensor crossing devices is ONE transfer per (tensor, destination device), started when its producer
+  finishes and queued FIFO on the link i→j; it holds the link for bytes / bandwidth + latency and arrives
+  at its end. Control edges never transfer.
+- Memory per device: persistent bytes (variables, optimizer slots) of its ops for the whole step, plus
+  activations: a tensor is allocated on its producer's device when the producer finishes (on a receiving
+  device when the transfer arrives) and freed when its last consumer on that device finishes (the producer
+  copy also waits for its outgoing transfers). At one instant the op's outputs are allocated before its
+  inputs are freed. A device is OOM when its peak exceeds memory - reserve.
+- Step time = makespan (the last op's finish).
+- Events at the same instant are all applied before any device picks its next op.
+
+The hot loop is numba-compiled (`_simulate_kernel`, nogil, cache=True) over CSR arrays built once per graph.
+
+>>> from placer.graphs.opgraph import OpGraph
+>>> from placer.sim.cluster import parse_cluster
+>>> g = OpGraph.build([("a", "X", 8), ("b", "X", 8)], [("a", "b")])
+>>> sim = Simulator(g, parse_cluster("1xK80"), np.array([[1.0, 1.0], [2.0, 2.0]]))
+>>> sim.simulate(np.array([0, 0])).step_time
+3.0
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from numba import njit
+
+from placer.errors import PlacementError
+from placer.graphs.opgraph import OpGraph
+from placer.sim.cluster import Cluster
+from placer.sim.evaluator import Evaluator, Outcome
+
+ORDERS = {"ready": 0, "critical": 1}
+
+
+# =================================================================================================================
+# compiled core
+# =================================================================================================================
+@njit(cache=True, nogil=True)
+def _ev_push(ev_t, ev_s, ev_id, size, t, s, i):
+    k = size
+    ev_t[k] = t
+    ev_s[k] = s
+    ev_id[k] = i
+    while k > 0:
+        p = (k - 1) >> 1
+        if ev_t[p] < ev_t[k] or (ev_t[p] == ev_t[k] and ev_s[p] < ev_s[k]):
+            break
+        ev_t[p], ev_t[k] = ev_t[k], ev_t[p]
+        ev_s[p], ev_s[k] = ev_s[k], ev_s[p]
+        ev_id[p], ev_id[k] = ev_id[k], ev_id[p]
+        k = p
+    return size + 1
+
+
+@njit(cache=True, nogil=True)
+def _ev_pop(ev_t, ev_s, ev_id, size):
+    """Remove the root; returns the new size (root's values must be read before)."""
+    size -= 1
+    ev_t[0] = ev_t[size]
+    ev_s[0] = ev_s[size]
+    ev_id[0] = ev_id[size]
+    k = 0
+    while True:
+        l = 2 * k + 1
+        if l >= size:
+            break
+        c = l
+        r = l + 1
+        if r < size and (ev_t[r] < ev_t[l] or (ev_t[r] == ev_t[l] and ev_s[r] < ev_s[l])):
+            c = r
+        if ev_t[k] < ev_t[c] or (ev_t[k] == ev_t[c] and ev_s[k] < ev_s[c]):
+            break
+        ev_t[c], ev_t[k] = ev_t[k], ev_t[c]
+        ev_s[c], ev_s[k] = ev_s[k], ev_s[c]
+        ev_id[c], ev_id[k] = ev_id[k], ev_id[c]
+        k = c
+    return size
+
+
+@njit(cache=True, nogil=True)
+def _rq_push(k1, k2, sizes, d, a, b):
+    """Per-device ready heap on (k1, k2) ascending; row d of k1/k2."""
+    k = sizes[d]
+    k1[d, k] = a
+    k2[d, k] = b
+    while k > 0:
+        p = (k - 1) >> 1
+        if k1[d, p] < k1[d, k] or (k1[d, p] == k1[d, k] and k2[d, p] < k2[d, k]):
+            break
+        k1[d, p], k1[d, k] = k1[d, k], k1[d, p]
+        k2[d, p], k2[d, k] = k2[d, k], k2[d, p]
+        k = p
+    sizes[d] = sizes[d] + 1
+
+
+@njit(cache=True, nogil=True)
+def _rq_pop(k1, k2, sizes, d):
+    top = k2[d, 0]
+    size = sizes[d] - 1
+    sizes[d] = size
+    k1[d, 0] = k1[d, size]
+    k2[d, 0] = k2[d, size]
+    k = 0
+    while True:
+        l = 2 * k + 1
+        if l >= size:
+            break
+        c = l
+        r = l + 1
+        if r < size and (k1[d, r] < k1[d, l] or (k1[d, r] == k1[d, l] and k2[d, r] < k2[d, l])):
+            c = r
+        if k1[d, k] < k1[d, c] or (k1[d, k] == k1[d, c] and k2[d, k] < k2[d, c]):
+            break
+        k1[d, c], k1[d, k] = k1[d, k], k1[d, c]
+        k2[d, c], k2[d, k] = k2[d, k], k2[d, c]
+        k = c
+    return top
+
+
+@njit(cache=True, nogil=True)
+def _bottom_levels(w, t_start, t_cons_ptr, t_cons, c_ptr, c_succ):
+    """bl[i] = w[i] + max over successors (data + control) of bl: the longest path starting at op i."""
+    n = w.shape[0]
+    bl = np.zeros(n)
+    for i in range(n - 1, -1, -1):
+        m = 0.0
+        for t in range(t_start[i], t_start[i + 1]):
+            for k in range(t_cons_ptr[t], t_cons_ptr[t + 1]):
+                v = bl[t_cons[k]]
+                if v > m:
+                    m = v
+        for k in range(c_ptr[i], c_ptr[i + 1]):
+            v = bl[c_succ[k]]
+            if v > m:
+                m = v
+        bl[i] = w[i] + m
+    return bl
+
+
+@njit(cache=True, nogil=True)
+def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
+                     t_start, t_op, t_bytes, t_cons_ptr, t_cons, in_ptr, in_tensor, c_ptr, c_succ, indeg,
+                     persistent,
+                     op_start, op_end, x_tensor, x_src, x_dst, x_start, x_end, busy, peak):
+    """One simulated step. Fills op_start/op_end (n), transfer records x_* and busy/peak (D).
+    Returns (step_time, number of transfers, transfer bytes)."""
+    n = dev.shape[0]
+    D = bw.shape[0]
+    T = t_op.shape[0]
+    pending = indeg.copy()
+    prio = np.zeros(n)
+    if order_mode == 1:
+        w = np.empty(n)
+        for i in range(n):
+            w[i] = cost[i, dev[i]]
+        prio = -_bottom_levels(w, t_start, t_cons_ptr, t_cons, c_ptr, c_succ)
+    # per (tensor, device) consumer counts -> refcounts of live copies
+    ref = np.zeros(T * D, np.int64)
+    for t in range(T):
+        for k in range(t_cons_ptr[t], t_cons_ptr[t + 1]):
+            ref[t * D + dev[t_cons[k]]] += 1
+    mem = np.zeros(D, np.int64)
+    for i in range(n):
+        mem[dev[i]] += persistent[i]
+    for d in range(D):
+        peak[d] = mem[d]
+        busy[d] = 0.0
+    link_free = np.zeros((D, D))
+    running = np.zeros(D, np.int64)
+    rq1 = np.empty((D, n + 1))
+    rq2 = np.empty((D, n + 1), np.int64)
+    rqn = np.zeros(D, np.int64)
+    ecap = n + T * D + 1
+    ev_t = np.empty(ecap)
+    ev_s = np.empty(ecap, np.int64)
+    ev_id = np.empty(ecap, np.int64)
+    nev = 0
+    seq = 0
+    stamp = np.full(D, -1, np.int64)
+    nx = 0
+    xbytes = 0
+    for i in range(n):
+        op_start[i] = np.nan
+        op_end[i] = np.nan
+        if pending[i] == 0:
+            _rq_push(rq1, rq2, rqn, dev[i], prio[i] if order_mode == 1 else 0.0, i)
+    now = 0.0
+    makespan = 0.0
+    while True:
+        # dispatch: every device with a free slot starts its next ready ops at `now`
+        for d in range(D):
+            while running[d] < conc[d] and rqn[d] > 0:
+                i = _rq_pop(rq1, rq2, rqn, d)
+                c = cost[i, d]
+                op_start[i] = now
+                running[d] += 1
+                busy[d] += c
+                nev = _ev_push(ev_t, ev_s, ev_id, nev, now + c, seq, i)
+                seq += 1
+        if nev == 0:
+            break
+        now = ev_t[0]
+        # apply every event at this instant
+        while nev > 0 and ev_t[0] == now:
+            eid = ev_id[0]
+            nev = _ev_pop(ev_t, ev_s, ev_id, nev)
+            if eid >= 0:  # op finished
+                i = eid
+                d = dev[i]
+                running[d] -= 1
+                op_end[i] = now
+                if now > makespan:
+                    makespan = now
+                # outputs: allocate, wake local consumers, send to remote devices (one transfer per device)
+                for t in range(t_start[i], t_start[i + 1]):
+                    b = t_bytes[t]
+                    mem[d] += b
+                    if mem[d] > peak[d]:
+                        peak[d] = mem[d]
+                    for k in range(t_cons_ptr[t], t_cons_ptr[t + 1]):
+                        cns = t_cons[k]
+                        j = dev[cns]
+                        if j == d:
+                            pending[cns] -= 1
+                            if pending[cns] == 0:
+                                _rq_push(rq1, rq2, rqn, d, prio[cns] if order_mode == 1 else now, cns)
+                        elif stamp[j] != t:
+                            stamp[j] = t
+                            s0 = link_free[d, j]
+                            if s0 < now:
+                                s0 = now
+                            e0 = s0 + b / bw[d, j] + lat[d, j]
+                            link_free[d, j] = e0
+                            x_tensor[nx] = t
+                            x_src[nx] = d
+                            x_dst[nx] = j
+                            x_start[nx] = s0
+                            x_end[nx] = e0
+                            nx += 1
+                            xbytes += b
+                            ref[t * D + d] += 1  # the producer copy lives until the send completes
+                            nev = _ev_push(ev_t, ev_s, ev_id, nev, e0, seq, -1 - (t * D + j))
+                            seq += 1
+                    if ref[t * D + d] == 0:
+                        mem[d] -= b
+                for k in range(c_ptr[i], c_ptr[i + 1]):
+                    cns = c_succ[k]
+                    pending[cns] -= 1
+                    if pending[cns] == 0:
+                        _rq_push(rq1, rq2, rqn, dev[cns], prio[cns] if order_mode == 1 else now, cns)
+                # inputs: release this device's copies whose last consumer this was
+                for k in range(in_ptr[i], in_ptr[i + 1]):
+                    t = in_tensor[k]
+                    r = t * D + d
+                    ref[r] -= 1
+                    if ref[r] == 0:
+                        mem[d] -= t_bytes[t]
+            else:  # transfer of tensor t arrived on device j
+                code = -1 - eid
+                t = code // D
+                j = code - t * D
+                b = t_bytes[t]
+                mem[j] += b
+                if mem[j] > peak[j]:
+                    peak[j] = mem[j]
+                for k in range(t_cons_ptr[t], t_cons_ptr[t + 1]):
+                    cns = t_cons[k]
+                    if dev[cns] == j:
+                        pending[cns] -= 1
+                        if pending[cns] == 0:
+                            _rq_push(rq1, rq2, rqn, j, prio[cns] if order_mode == 1 else now, cns)
+                p = dev[t_op[t]]
+                r = t * D + p
+                ref[r] -= 1
+                if ref[r] == 0:
+                    mem[p] -= b
+    return makespan, nx, xbytes
+
+
+# =================================================================================================================
+# Python side
+# =================================================================================================================
+@dataclass
+class TraceEvents:
+    """Raw timeline of one simulated step (seconds)."""
+
+    op_start: np.ndarray            # [n]
+    op_end: np.ndarray              # [n]
+    placement: np.ndarray           # [n] device index
+    x_tensor: np.ndarray            # [X] tensor id of each transfer
+    x_src: np.ndarray               # [X] source device
+    x_dst: np.ndarray               # [X] destination device
+    x_start: np.ndarray             # [X]
+    x_end: np.ndarray               # [X]
+
+
+@dataclass
+class SimResult:
+    """One simulated step. step_time seconds (the makespan, also when OOM); busy[D] seconds of op work per
+    device; peak_memory[D] bytes; oom / oom_devices (names); transfer_bytes across all links;
+    transfers = number of transfers; trace when asked."""
+
+    step_time: float
+    busy: np.ndarray
+    peak_memory: np.ndarray
+    oom: bool
+    oom_devices: list[str] = field(default_factory=list)
+    transfer_bytes: int = 0
+    transfers: int = 0
+    trace: TraceEvents | None = None
+
+    def to_outcome(self, cluster: Cluster) -> Outcome:
+        if self.oom:
+            caps = {d.name: d.capacity_bytes for d in cluster.devices}
+            parts = [f"{nm} needs {int(self.peak_memory[cluster.device_names.index(nm)])} bytes > "
+                     f"{caps[nm]} available" for nm in self.oom_devices]
+            return Outcome(step_time=self.step_time, peak_memory=self.peak_memory, oom=True, failed=True,
+                           reason="out of memory on " + "; ".join(parts))
+        return Outcome(step_time=self.step_time, peak_memory=self.peak_memory)
+
+
+@dataclass(frozen=True)
+class _GraphArrays:
+    """Placement-independent CSR arrays of an OpGraph, built once per Simulator."""
+
+    t_start: np.ndarray     # [n+1] tensors of op i are t_start[i]..t_start[i+1]
+    t_op: np.ndarray        # [T]
+    t_bytes: np.ndarray     # [T]
+    t_cons_ptr: np.ndarray  # [T+1]
+    t_cons: np.ndarray      # consumers of each tensor
+    in_ptr: np.ndarray      # [n+1]
+    in_tensor: np.ndarray   # tensors consumed by each op
+    c_ptr: np.ndarray       # [n+1]
+    c_succ: np.ndarray      # control successors
+    indeg: np.ndarray       # [n] data + control in-edges
+    persistent: np.ndarray  # [n]
+
+    @staticmethod
+    def of(g: OpGraph) -> "_GraphArrays":
+        n = g.num_ops
+        t_op = np.asarray(g.tensor_op, np.int64)
+        T = len(t_op)
+        if T and np.any(np.diff(t_op) < 0):
+            raise PlacementError(f"graph {g.name!r}: tensors are not in op order")
+        t_start = np.searchsorted(t_op, np.arange(n + 1)).astype(np.int64)
+        et = np.asarray(g.edge_tensor, np.int64)
+        ed = np.asarray(g.edge_dst, np.int64)
+        o = np.lexsort((ed, et))
+        t_cons_ptr = np.searchsorted(et[o], np.arange(T + 1)).astype(np.int64)
+        t_cons = ed[o]
+        o2 = np.lexsort((et, ed))
+        in_ptr = np.searchsorted(ed[o2], np.arange(n + 1)).astype(np.int64)
+        in_tensor = et[o2]
+        cs = np.asarray(g.ctrl_src, np.int64)
+        cd = np.asarray(g.ctrl_dst, np.int64)
+        o3 = np.lexsort((cd, cs))
+        c_ptr = np.searchsorted(cs[o3], np.arange(n + 1)).astype(np.int64)
+        c_succ = cd[o3]
+        indeg = (np.bincount(ed, minlength=n) + np.bincount(cd, minlength=n)).astype(np.int64)
+        return _GraphArrays(t_start, t_op, np.asarray(g.tensor_bytes, np.int64), t_cons_ptr, t_cons, in_ptr,
+                            in_tensor, c_ptr, c_succ, indeg, np.asarray(g.persistent_bytes, np.int64))
+
+
+def _cost_matrix(graph: OpGraph, cluster: Cluster, costs) -> tuple[np.ndarray, str]:
+    if costs is None:
+        from placer.sim.costs import load_or_analytical
+
+        costs = load_or_analytical(graph, cluster)
+    if hasattr(costs, "matrix"):
+        return np.ascontiguousarray(costs.matrix(cluster), np.float64), str(getattr(costs, "source", "table"))
+    m = np.asarray(costs, np.float64)
+    n, D = graph.num_ops, cluster.num_devices
+    if m.ndim == 1:
+        m = np.repeat(m[:, None], D, axis=1)
+    if m.shape != (n, D):
+        raise PlacementError(f"cost matrix has shape {m.shape}, expected ({n}, {D}) for graph {graph.name!r} "
+                             f"on cluster {cluster.name!r}")
+    if np.any(np.isnan(m)) or np.any(m < 0):
+        raise PlacementError("cost matrix has negative or NaN entries")
+    return np.ascontiguousarray(m), "explicit"
+
+
+class Simulator:
+    """Simulates training steps of placements of `graph` on `cluster`.
+
+    costs: a CostTable, a float array [n, D] (seconds of op i on device d; `inf` = cannot run there) or
+    [n] (same on every device), or None (the analytical table, cached).
+
+    >>> from placer.graphs.opgraph import OpGraph
+    >>> from placer.sim.cluster import parse_cluster
+    >>> g = OpGraph.build([("a", "X", 8), ("b", "X", 8), ("c", "X", 8), ("d", "X", 8)],
+    ...                   [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])
+    >>> sim = Simulator(g, parse_cluster("2xK80"), np.ones(4))
+    >>> round(sim.simulate(np.array([0, 0, 1, 0])).step_time, 6)  # b and c overlap; two 8-byte hops
+    3.00003
+    """
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, costs=None, order: str = "ready"):
+        if order not in ORDERS:
+            raise PlacementError(f"unknown simulation order {order!r}; valid: {', '.join(ORDERS)}")
+        self.graph = graph
+        self.cluster = cluster
+        self.order = order
+        self.cost, self.cost_source = _cost_matrix(graph, cluster, costs)
+        self.arrays = _GraphArrays.of(graph)
+        self.bw = np.ascontiguousarray(cluster.bandwidth, np.float64)
+        self.lat = np.ascontiguousarray(cluster.latency, np.float64)
+        self.conc = np.asarray([max(1, int(d.concurrency)) for d in cluster.devices], np.int64)
+        self.capacity = np.asarray([d.capacity_bytes for d in cluster.devices], np.int64)
+        self._allowed = np.isfinite(self.cost)
+        self._lb: float | None = None
+
+    # ---- validation ---------------------------------------------------------------------------------------
+    def check(self, placement) -> np.ndarray:
+        """The placement as a contiguous int64 array; PlacementError naming the op/device when invalid."""
+        p = np.asarray(placement)
+        n, D = self.graph.num_ops, self.cluster.num_devices
+        if p.shape != (n,):
+            raise PlacementError(f"placement has shape {p.shape}, expected ({n},) for graph {self.graph.name!r}")
+        if p.dtype.kind not in "iu":
+            raise PlacementError(f"placement must be integer device indices, got dtype {p.dtype}")
+        p = np.ascontiguousarray(p, np.int64)
+        bad = np.flatnonzero((p < 0) | (p >= D))
+        if len(bad):
+            i = int(bad[0])
+            raise PlacementError(f"op {self.graph.names[i]!r} is placed on device index {int(p[i])}, but cluster "
+                                 f"{self.cluster.name!r} has devices 0..{D - 1} ({', '.join(self.cluster.device_names)})")
+        ok = self._allowed[np.arange(n), p]
+        if not ok.all():
+            i = int(np.flatnonzero(~ok)[0])
+            raise PlacementError(f"op {self.graph.names[i]!r} ({self.graph.types[i]}) cannot run on "
+                                 f"{self.cluster.device_names[int(p[i])]} (CPU-only or no cost for that device)")
+        return p
+
+    # ---- simulation ---------------------------------------------------------------------------------------
+    def simulate(self, placement, trace: bool = False) -> SimResult:
+        """Simulate one step of `placement` (op→device index array)."""
+        p = self.check(placement)
+        return self._run(p, trace)
+
+    def _run(self, p: np.ndarray, trace: bool = False) -> SimResult:
+        a = self.arrays
+        n, D = self.graph.num_ops, self.cluster.num_devices
+        T = len(a.t_op)
+        xcap = max(1, min(T * D, len(self.graph.edge_src) + 1))
+        op_start = np.empty(n)
+        op_end = np.empty(n)
+        x_tensor = np.empty(xcap, np.int64)
+        x_src = np.empty(xcap, np.int64)
+        x_dst = np.empty(xcap, np.int64)
+        x_start = np.empty(xcap)
+        x_end = np.empty(xcap)
+        busy = np.zeros(D)
+        peak = np.zeros(D, np.int64)
+        step, nx, xbytes = _simulate_kernel(
+            p, self.cost, self.bw, self.lat, self.conc, self.capacity, ORDERS[self.order],
+            a.t_start, a.t_op, a.t_bytes, a.t_cons_ptr, a.t_cons, a.in_ptr, a.in_tensor, a.c_ptr, a.c_succ,
+            a.indeg, a.persistent,
+            op_start, op_end, x_tensor, x_src, x_dst, x_start, x_end, busy, peak)
+        oom_mask = peak > self.capacity
+        tr = None
+        if trace:
+            tr = TraceEvents(op_start, op_end, p.copy(), x_tensor[:nx].copy(), x_src[:nx].copy(),
+                             x_dst[:nx].copy(), x_start[:nx].copy(), x_end[:nx].copy())
+        return SimResult(step_time=float(step), busy=busy, peak_memory=peak, oom=bool(oom_mask.any()),
+                         oom_devices=[self.cluster.device_names[i] for i in np.flatnonzero(oom_mask)],
+                         transfer_bytes=int(xbytes), transfers=int(nx), trace=tr)
+
+    # ---- bounds -------------------------------------------------------------------------------------------
+    def lower_bound(self) -> float:
+        """A valid lower bound on the step time of ANY placement on this cluster (the one reported):
+        max(critical path, fractional load bound), where
+        - critical path = the longest path when each op takes its fastest allowed device's time and transfers
+          are free;
+        - fractional load bound = the smallest T for which the ops' work can be split (fractionally, ops may be
+          cut) over the devices so that no device holds more than concurrency x T of work, each op's share
+          charged at that device's time (CPU-only ops only on CPUs). For a cluster of one accelerator kind plus
+          CPUs this is solved exactly (ops sorted by CPU/GPU time ratio, bisection on T); with several
+          accelerator kinds it falls back to sum(fastest op time) / sum(concurrency), which is weaker but valid.
+        Both ignore transfers, so the bound is loose when communication matters."""
+        if self._lb is None:
+            self._lb = max(self.critical_path_bound(), self.load_bound())
+        return self._lb
+
+    def critical_path_bound(self) -> float:
+        a = self.arrays
+        fastest = np.where(self._allowed, self.cost, np.inf).min(axis=1)
+        fastest = np.where(np.isfinite(fastest), fastest, 0.0)
+        bl = _bottom_levels(np.ascontiguousarray(fastest), a.t_start, a.t_cons_ptr, a.t_cons, a.c_ptr, a.c_succ)
+        return float(bl.max()) if len(bl) else 0.0
+
+    def load_bound(self) -> float:
+        cost = np.where(self._allowed, self.cost, np.inf)
+        n = cost.shape[0]
+        if n == 0:
+            return 0.0
+        devs = self.cluster.devices
+        # columns grouped into classes of identical cost columns
+        classes: dict[bytes, list[int]] = {}
+        for d in range(len(devs)):
+            classes.setdefault(np.ascontiguousarray(cost[:, d]).tobytes(), []).append(d)
+        cls = list(classes.values())
+        slots = [float(sum(self.conc[d] for d in c)) for c in cls]
+        cols = [cost[:, c[0]] for c in cls]
+        if len(cls) == 1:
+            return float(cols[0].sum() / slots[0])
+        if len(cls) == 2:
+            return _two_class_load_bound(cols[0], slots[0], cols[1], slots[1])
+        fastest = cost.min(axis=1)
+        return float(fastest[np.isfinite(fastest)].sum() / float(self.conc.sum()))
+
+
+def _two_class_load_bound(a: np.ndarray, sa: float, b: np.ndarray, sb: float) -> float:
+    """min T such that ops can be fractionally split between class A (capacity sa*T, op time a) and class B
+    (capacity sb*T, op time b). Exchange argument: the optimal split moves ops to B in increasing b/a order."""
+    a = np.asarray(a, float)
+    b = np.asarray(b, float)
+    only_a = ~np.isfinite(b)
+    only_b = ~np.isfinite(a)
+    base_a = float(a[only_a].sum())
+    base_b = float(b[only_b].sum())
+    free = ~(only_a | only_b)
+    fa, fb = a[free], b[free]
+    ratio = np.where(fa > 0, fb / np.maximum(fa, 1e-300), np.inf)
+    ratio = np.where((fa == 0) & (fb == 0), 0.0, ratio)
+    o = np.argsort(ratio, kind="stable")
+    fa, fb = fa[o], fb[o]
+    cum_a_rest = np.concatenate([[fa.sum()], fa.sum() - np.cumsum(fa)])  # A work when the first k go to B
+    cum_b = np.concatenate([[0.0], np.cumsum(fb)])
+
+    def feasible(T: float) -> bool:
+        cap_b = sb * T - base_b
+        if cap_b < 0 or sa * T < base_a:
+            return False
+        # move ops to B greedily (fractional) while B has capacity
+        k = int(np.searchsorted(cum_b, cap_b, side="right")) - 1
+        k = min(k, len(fa))
+        load_a = cum_a_rest[k]
+        if k < len(fa) and fb[k] > 0:
+            frac = (cap_b - cum_b[k]) / fb[k]
+            load_a -= min(1.0, frac) * fa[k]
+        return base_a + load_a <= sa * T * (1 + 1e-12)
+
+    lo = 0.0
+    hi = (base_a + fa.sum()) / sa + base_b / sb + 1e-12
+    if not feasible(hi):
+        hi = max(hi, (base_b + fb.sum()) / sb + base_a / sa)
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-12 * max(hi, 1e-30):
+            break
+    return float(hi)
+
+
+# =================================================================================================================
+# batch evaluation
+# =================================================================================================================
+class SimEvaluator(Evaluator):
+    """The simulated reward: Evaluator over a Simulator. Batches run on `workers` threads (the compiled kernel
+    releases the GIL, so two threads use both cores). OOM and invalid placements come back as failed Outcomes
+    whose reason names the device / op.
+
+    >>> from placer.sim.cluster import parse_cluster
+    >>> from placer.graphs.opgraph import OpGraph
+    >>> g = OpGraph.build([("a", "X", 8), ("b", "X", 8)], [("a", "b")])
+    >>> with SimEvaluator(g, parse_cluster("2xK80"), np.ones(2)) as ev:
+    ...     [o.step_time for o in ev.evaluate([np.array([0, 0])])]
+    [2.0]
+    """
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, costs=None, order: str = "ready", workers: int = 2):
+        self.sim = Simulator(graph, cluster, costs, order=order)
+        self.cluster = cluster
+        self.devices = cluster.device_names
+        self.workers = max(1, int(workers))
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _one(self, placement) -> Outcome:
+        try:
+            p = self.sim.check(placement)
+        except PlacementError as e:
+            return Outcome.failure(str(e))
+        r = self.sim._run(p)
+        return r.to_outcome(self.cluster)
+
+    def evaluate(self, placements: Sequence[np.ndarray]) -> list[Outcome]:
+        pls = list(placements)
+        if self.workers == 1 or len(pls) < 2:
+            return [self._one(p) for p in pls]
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="placer-sim")
+        return list(self._pool.map(self._one, pls))
+
+    def lower_bound(self) -> float:
+        return self.sim.lower_bound()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

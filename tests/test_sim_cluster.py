@@ -1,0 +1,136 @@
+"""Cluster presets, spec parsing, JSON round trip and bad input."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from placer.errors import ClusterError
+from placer.sim.cluster import (GPU_KINDS, LINKS, PRESETS, cluster_from_args, cluster_from_devices, parse_cluster,
+                                short_device_name, to_json)
+
+
+def test_nxkind_is_n_gpus_plus_host_cpu_last():
+    c = parse_cluster("4xK80")
+    assert c.device_names == ["/GPU:0", "/GPU:1", "/GPU:2", "/GPU:3", "/CPU:0"]
+    assert c.cpu_index == 4 and c.gpu_indices == [0, 1, 2, 3]
+    k80 = c.devices[0]
+    assert k80.kind == "K80" and k80.memory_bytes == 12 * 2**30 and k80.concurrency == 1
+    assert k80.peak_flops == pytest.approx(4.37e12) and k80.mem_bandwidth == pytest.approx(240e9)
+    assert c.devices[4].kind == "cpu" and c.devices[4].concurrency > 1
+    # GPU<->GPU and GPU<->CPU over PCIe 3 on a K80 box
+    assert c.bandwidth[0, 1] == LINKS["pcie3"]["bandwidth"] and c.bandwidth[0, 4] == LINKS["pcie3"]["bandwidth"]
+    assert 5e-6 <= c.latency[0, 1] <= 20e-6 and c.latency[2, 2] == 0
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_every_preset_parses(kind):
+    c = parse_cluster(f"2x{kind}")
+    assert c.num_devices == 3 and c.devices[0].kind == kind
+    assert c.devices[0].capacity_bytes > 0 and c.devices[0].peak_flops > 1e12
+
+
+def test_nvlink_presets_faster_than_pcie_between_gpus():
+    v = parse_cluster("2xV100")
+    assert v.devices[0].memory_bytes == 16 * 2**30
+    assert v.bandwidth[0, 1] > v.bandwidth[0, 2]  # NVLink between GPUs, PCIe to the host
+    assert parse_cluster("2xA100-80G").devices[0].memory_bytes == 80 * 2**30
+    assert parse_cluster("1xa100").devices[0].memory_bytes == 40 * 2**30  # case-insensitive
+
+
+def test_cpu_alone():
+    c = parse_cluster("cpu")
+    assert c.device_names == ["/CPU:0"] and c.cpu_index == 0 and c.gpu_indices == [0]
+    assert c.devices[0].memory_bytes >= 128 * 2**30
+
+
+@pytest.mark.parametrize("spec", ["4xK81", "TPU", "0xK80", "4xcpu", ""])
+def test_bad_specs_name_the_spec_and_valid_kinds(spec):
+    with pytest.raises(ClusterError) as e:
+        parse_cluster(spec)
+    msg = str(e.value)
+    if spec in ("4xK81", "TPU"):
+        assert spec in msg and "K80" in msg and "H100" in msg
+
+
+def test_json_round_trip(tmp_path):
+    c = parse_cluster("2xV100")
+    p = tmp_path / "box.json"
+    to_json(c, p)
+    c2 = parse_cluster(str(p))
+    assert c2.device_names == c.device_names
+    assert [d.kind for d in c2.devices] == [d.kind for d in c.devices]
+    assert np.array_equal(c2.bandwidth, c.bandwidth) and np.array_equal(c2.latency, c.latency)
+    assert c2.devices[0].memory_bytes == c.devices[0].memory_bytes
+
+
+def test_json_minimal_and_custom_kind_and_links(tmp_path):
+    p = tmp_path / "custom.json"
+    p.write_text(json.dumps({
+        "devices": [{"name": "/GPU:0", "kind": "K80"},
+                    {"name": "/GPU:1", "kind": "Chip", "memory_bytes": 1e10, "peak_flops": 2e13,
+                     "mem_bandwidth": 1e12},
+                    {"name": "/CPU:0", "kind": "cpu", "concurrency": 8}],
+        "bandwidth": [[None, 5e9, 5e9], [5e9, None, 5e9], [5e9, 5e9, None]]}))
+    c = parse_cluster(str(p))
+    assert c.devices[1].kind == "Chip" and c.devices[1].memory_bytes == 10**10
+    assert c.devices[2].concurrency == 8
+    assert c.bandwidth[0, 1] == 5e9 and c.latency[0, 1] > 0  # default latency kept
+
+
+def test_json_errors_name_the_file_and_field(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"devices": [{"name": "/GPU:0", "kind": "Chip"}]}))
+    with pytest.raises(ClusterError, match="bad.json.*Chip.*memory_bytes"):
+        parse_cluster(str(p))
+    p.write_text("{not json")
+    with pytest.raises(ClusterError, match="bad.json"):
+        parse_cluster(str(p))
+    p.write_text(json.dumps({"devices": [{"name": "/GPU:0", "kind": "K80"}], "bandwidth": [[1, 2]]}))
+    with pytest.raises(ClusterError, match="1x1"):
+        parse_cluster(str(p))
+    with pytest.raises(ClusterError, match="does not exist"):
+        parse_cluster(str(tmp_path / "missing.json"))
+
+
+def test_cpu_n_logical_devices():
+    c = cluster_from_devices("cpu:3")
+    assert c.device_names == ["/CPU:0", "/CPU:1", "/CPU:2"]
+    assert all(d.kind == "cpu" and d.concurrency == 1 for d in c.devices)
+    assert np.isfinite(c.bandwidth[0, 1])
+    with pytest.raises(ClusterError):
+        cluster_from_devices("cpu:0")
+
+
+def test_cluster_from_args():
+    assert cluster_from_args(argparse.Namespace(cluster="2xK80", devices=None)).num_devices == 3
+    assert cluster_from_args(argparse.Namespace(cluster=None, devices="cpu:2")).num_devices == 2
+    with pytest.raises(ClusterError, match="--cluster"):
+        cluster_from_args(argparse.Namespace(cluster=None, devices=None))
+
+
+def test_short_device_names():
+    assert short_device_name("/job:localhost/replica:0/task:0/device:GPU:1") == "/GPU:1"
+    assert short_device_name("/device:CPU:0") == "/CPU:0"
+    assert short_device_name("gpu:2") == "/GPU:2"
+    assert short_device_name("/job:worker/replica:0/task:1/device:GPU:0").startswith("/job:worker")
+    with pytest.raises(ClusterError):
+        short_device_name("banana")
+
+
+def test_tf_device_list_unknown_device_is_clear_error():
+    # TF on this machine has no GPU: naming one is a ClusterError listing what TF sees
+    with pytest.raises(ClusterError, match=r"/GPU:7.*/CPU:0"):
+        cluster_from_devices("/CPU:0,/GPU:7")
+    c = cluster_from_devices("/CPU:0")
+    assert c.device_names == ["/CPU:0"] and c.devices[0].kind == "cpu"
+
+
+def test_presets_are_data_with_every_figure():
+    for kind, p in PRESETS.items():
+        for f in ("memory_bytes", "reserve_bytes", "concurrency", "peak_flops", "mem_bandwidth", "link",
+                  "host_link"):
+            assert f in p, (kind, f)
+        assert p["link"] in LINKS and p["host_link"] in LINKS
