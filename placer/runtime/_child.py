@@ -101,6 +101,10 @@ class _State:
 
         mg = meta_graph_pb2.MetaGraphDef()
         mg.ParseFromString(req["meta_graph"])
+        if req.get("check_safe"):          # workers: refuse file/process/Python ops before anything runs
+            from placer.runtime.allowlist import check_graph
+
+            check_graph(mg.graph_def)
         parts = runnable_parts(mg, list(req.get("fetches") or ()))
         gd = mg.graph_def
         for node in gd.node:           # devices come from placements only
@@ -272,7 +276,8 @@ def main(argv: list[str]) -> int:
             oom = type(e).__name__ == "ResourceExhaustedError" or isinstance(e, MemoryError)
             tb = traceback.format_exc(limit=3) if not hasattr(e, "op") else ""
             try:
-                tx.send(("error", {"reason": _short_error(e), "oom": oom, "trace": tb[-2000:]}))
+                tx.send(("error", {"reason": _short_error(e), "oom": oom, "kind": type(e).__name__,
+                                   "trace": tb[-2000:]}))
             except (OSError, EOFError):
                 return 1
 

@@ -2,10 +2,11 @@
 
 Convention (shared with `placer.graphs.load`, see its module docstring):
 - fetches: the OpGraph's `fetches` (op names, or tensor names `op:k`); when empty, the MetaGraphDef collection
-  `train_op`, else every op nobody consumes.
+  `placer_fetches`, else `train_op`, else every op nobody consumes.
 - init: the collection `placer_init_op`, else `init_op`, else the initializers of every variable in the
   `variables`/`local_variables` collections plus `table_initializer`, else an op called `init`.
-- feeds: every top-level `Placeholder` node; its `shape` attr gives the shape (unknown dimensions -> 1, with a
+- feeds: the placeholders of the `placer_feeds` collection when the graph has one (graphs from
+  `placer.graphs.load`), else every top-level `Placeholder` node; its `shape` attr gives the shape (unknown dimensions -> 1, with a
   warning; unknown rank -> scalar), its `dtype` attr the dtype. `PlaceholderWithDefault` is not fed.
 """
 from __future__ import annotations
@@ -27,6 +28,12 @@ def _node_list(mg, key: str) -> list[str]:
     return [str(x).split(":")[0].lstrip("^") for x in mg.collection_def[key].node_list.value]
 
 
+def _raw_list(mg, key: str) -> list[str]:
+    if key not in mg.collection_def:
+        return []
+    return [str(x) for x in mg.collection_def[key].node_list.value]
+
+
 def runnable_parts(mg, fetches: list[str] | None = None) -> RunnableParts:
     """Fetches, init ops and feeds of a MetaGraphDef (see the module docstring for the rules)."""
     from tensorflow.core.framework import variable_pb2
@@ -36,7 +43,7 @@ def runnable_parts(mg, fetches: list[str] | None = None) -> RunnableParts:
     warnings: list[str] = []
     fl = [f for f in (fetches or []) if f]
     if not fl:
-        fl = _node_list(mg, "train_op")
+        fl = _raw_list(mg, "placer_fetches") or _raw_list(mg, "train_op")
     if not fl:
         consumed = set()
         for n in gd.node:
@@ -67,8 +74,9 @@ def runnable_parts(mg, fetches: list[str] | None = None) -> RunnableParts:
     init = [x for x in init if x in names]
 
     feeds = []
+    listed = set(_node_list(mg, "placer_feeds"))
     for n in gd.node:
-        if n.op != "Placeholder":
+        if n.op != "Placeholder" or (listed and n.name not in listed):
             continue
         dtype = n.attr["dtype"].type
         sh = n.attr["shape"].shape if "shape" in n.attr else None

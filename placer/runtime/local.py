@@ -61,9 +61,13 @@ class ChildDied(Exception):
 class ChildError(Exception):
     """The child answered with an error (a TF exception): carries its short reason."""
 
-    def __init__(self, reason: str, oom: bool = False):
+    def __init__(self, reason: str, oom: bool = False, kind: str = ""):
         super().__init__(reason)
-        self.reason, self.oom = reason, oom
+        self.reason, self.oom, self.kind = reason, oom, kind
+
+
+class GraphRefused(MeasurementError):
+    """The graph holds ops outside the safe allowlist (runners built with `check_safe=True`, i.e. workers)."""
 
 
 class Child:
@@ -125,7 +129,7 @@ class Child:
         except (EOFError, OSError):
             raise ChildDied(self._death_reason()) from None
         if status == "error":
-            raise ChildError(payload["reason"], oom=bool(payload.get("oom")))
+            raise ChildError(payload["reason"], oom=bool(payload.get("oom")), kind=payload.get("kind", ""))
         return payload
 
     def _death_reason(self) -> str:
@@ -177,14 +181,15 @@ class LocalRunner(Evaluator):
     graph: an OpGraph with a runnable `meta_graph` (or any object with `names`, `fetches`, `fingerprint`,
     `meta_graph` bytes). devices: TF device names (index-aligned with placement values) or a spec `"cpu:N"`.
     warmup/runs: steps before / inside the timing. timeout: seconds one measurement (graph load, session,
-    warm-up and runs) may take before it is cut and reported as failed.
+    warm-up and runs) may take before it is cut and reported as failed. check_safe: refuse graphs with ops
+    outside `placer.runtime.allowlist` (GraphRefused) before anything is imported or run (workers set it).
 
     >>> # runner = LocalRunner(graph, "cpu:2"); runner.evaluate([np.zeros(graph.num_ops, int)])[0].step_time
     """
 
     def __init__(self, graph, devices: Sequence[str] | str, *, warmup: int = 2, runs: int = 5,
                  timeout: float = 600.0, intra_op: int | None = None, inter_op: int | None = None,
-                 child_env: dict | None = None):
+                 child_env: dict | None = None, check_safe: bool = False):
         if getattr(graph, "meta_graph", None) is None:
             raise MeasurementError(f"graph {getattr(graph, 'name', '?')!r} carries no runnable TensorFlow graph "
                                    "(built by hand?): it cannot be measured")
@@ -196,6 +201,7 @@ class LocalRunner(Evaluator):
         self._cpus = cpu_split(self.devices)
         self._intra, self._inter = intra_op, inter_op
         self._child_env = child_env
+        self.check_safe = bool(check_safe)
         self._child: Child | None = None
         self._lock = threading.Lock()
         self.available: list[str] | None = None   # devices TF sees in the child
@@ -224,7 +230,8 @@ class LocalRunner(Evaluator):
             t = time.perf_counter()
             info = child.call("load", {"meta_graph": self.graph.meta_graph, "names": list(self.graph.names),
                                        "fetches": list(self.graph.fetches),
-                                       "fingerprint": getattr(self.graph, "fingerprint", "")}, self.timeout)
+                                       "fingerprint": getattr(self.graph, "fingerprint", ""),
+                                       "check_safe": self.check_safe}, self.timeout)
             self.stats["load_s"].append(time.perf_counter() - t)
         except ChildDied as e:
             child.close()
@@ -232,6 +239,8 @@ class LocalRunner(Evaluator):
                                    f"failed: {e.reason}") from None
         except ChildError as e:
             child.close()
+            if e.kind == "UnsafeGraphError":
+                raise GraphRefused(e.reason.split(": ", 1)[-1]) from None
             raise MeasurementError(f"graph {getattr(self.graph, 'name', '?')!r} cannot be run by TensorFlow: "
                                    f"{e.reason}") from None
         self.load_warnings = list(info.get("warnings", []))
@@ -293,6 +302,7 @@ class LocalRunner(Evaluator):
         peak = np.asarray([int(res["peak_memory"].get(d, 0)) for d in self.devices], np.int64)
         out = Outcome(step_time=float(np.median(runs_s)), peak_memory=peak, runs=runs_s,
                       on_assigned_device=res.get("on_assigned_device"))
+        out.peak_by_device = dict(res["peak_memory"])  # type: ignore[attr-defined]
         if profile_runs:
             out.op_times = res.get("op_times", {})  # type: ignore[attr-defined]
         return out

@@ -1,0 +1,250 @@
+"""`RemotePool`: measured reward from `placer worker` processes (gRPC), a batch spread over them concurrently.
+
+    from placer.runtime.remote import RemotePool
+    with RemotePool(graph, ["gpu-host-1:50051", "gpu-host-2:50051"], devices=["/GPU:0", "/GPU:1", "/CPU:0"],
+                    token=open("token").read().strip()) as pool:
+        outcomes = pool.evaluate(placements)     # one Outcome per placement, in order
+
+Each worker gets the graph once (`LoadGraph`, cached there by fingerprint; re-sent if the worker restarted).
+`evaluate` runs one thread per live worker pulling placements from a shared queue, so a batch takes about
+(batch / workers) measurements. A worker that dies, times out, refuses or errors is marked dead and the
+placement it held goes back to the queue for another worker; a placement that every worker lost comes back as a
+failed Outcome. Dead workers are health-checked again (every `health_interval` s, at the start of a batch) and
+rejoin when they answer. The pool goes on while at least one worker lives; when none does, `evaluate` raises
+MeasurementError naming every worker and why it is out. Per-placement failures (OOM, a device the worker does
+not have, a TF error) are failed Outcomes from the worker, not worker failures.
+
+`devices` are the device names placement indices refer to, as each worker's TensorFlow spells them
+(`/GPU:0`, `/CPU:0`); every worker must have them (a worker that lacks one reports a failed Outcome).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from placer.errors import MeasurementError
+from placer.runtime.devices import parse_devices
+from placer.runtime.worker import MAX_MESSAGE_BYTES, TOKEN_KEY, blob_fingerprint, grpc_options
+from placer.sim.evaluator import Evaluator, Outcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Worker:
+    address: str
+    channel: object
+    stub: object
+    alive: bool = True
+    loaded: bool = False
+    reason: str = ""
+    last_check: float = 0.0
+    measured: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class WorkerFailed(Exception):
+    pass
+
+
+class RemotePool(Evaluator):
+    """Evaluator over remote measurement workers (see the module docstring).
+
+    graph: OpGraph with a runnable meta_graph. addresses: HOST:PORT list. devices: spec or names (default: the
+    CPU). token: shared secret (sent as `x-placer-token`). tls_ca: PEM file of the CA/certificate to trust
+    (enables TLS). timeout: seconds one measurement may take on a worker (the RPC deadline adds `rpc_slack` for
+    TF start-up and graph import). warmup/runs as in LocalRunner.
+    """
+
+    def __init__(self, graph, addresses: Sequence[str] | str, devices: Sequence[str] | str = "cpu:1", *,
+                 token: str | None = None, tls_ca: str | None = None, timeout: float = 600.0, warmup: int = 2,
+                 runs: int = 5, rpc_slack: float = 240.0, health_interval: float = 30.0,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES):
+        import grpc
+
+        from placer.runtime import placer_pb2_grpc
+
+        if getattr(graph, "meta_graph", None) is None:
+            raise MeasurementError(f"graph {getattr(graph, 'name', '?')!r} carries no runnable TensorFlow graph")
+        if isinstance(addresses, str):
+            addresses = [a for a in (x.strip() for x in addresses.split(",")) if a]
+        if not addresses:
+            raise MeasurementError("no worker addresses given")
+        self.graph = graph
+        self.devices = parse_devices(devices)
+        self.timeout, self.warmup, self.runs = float(timeout), int(warmup), int(runs)
+        self.rpc_slack, self.health_interval = float(rpc_slack), float(health_interval)
+        self._md = ((TOKEN_KEY, token.strip()),) if token else ()
+        self._fp = blob_fingerprint(graph.meta_graph, graph.names, graph.fetches)
+        creds = None
+        if tls_ca:
+            try:
+                with open(tls_ca, "rb") as f:
+                    creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            except OSError as e:
+                raise MeasurementError(f"cannot read TLS CA file {tls_ca}: {e}") from None
+        opts = grpc_options(max_message_bytes)
+        self.workers: list[_Worker] = []
+        for a in addresses:
+            ch = grpc.secure_channel(a, creds, options=opts) if creds else grpc.insecure_channel(a, options=opts)
+            self.workers.append(_Worker(a, ch, placer_pb2_grpc.MeasurerStub(ch)))
+        self._grpc = grpc
+
+    # ---- worker calls --------------------------------------------------------------------------------------
+    def _fail(self, w: _Worker, why: str) -> None:
+        if w.alive:
+            log.warning("measurement worker %s is out: %s", w.address, why)
+        w.alive, w.loaded, w.reason, w.last_check = False, False, why, time.monotonic()
+
+    def _rpc_error(self, e) -> str:
+        code = e.code() if hasattr(e, "code") else None
+        det = e.details() if hasattr(e, "details") else str(e)
+        return f"{code.name if code else 'error'}: {det}"
+
+    def health(self, w: _Worker, timeout: float = 10.0) -> bool:
+        """Ask one worker if it is up; updates its state."""
+        from placer.runtime import placer_pb2
+
+        try:
+            w.stub.Health(placer_pb2.HealthRequest(), timeout=timeout, metadata=self._md)
+        except self._grpc.RpcError as e:
+            self._fail(w, self._rpc_error(e))
+            return False
+        w.alive, w.reason, w.last_check = True, "", time.monotonic()
+        return True
+
+    def check_workers(self, force: bool = False) -> list[str]:
+        """Re-probe dead workers (all when `force`); returns the live addresses."""
+        now = time.monotonic()
+        probes = [w for w in self.workers if force or (not w.alive and now - w.last_check >= self.health_interval)]
+        ts = [threading.Thread(target=self.health, args=(w,), daemon=True) for w in probes]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return [w.address for w in self.workers if w.alive]
+
+    def _load(self, w: _Worker) -> None:
+        from placer.runtime import placer_pb2
+
+        g = self.graph
+        req = placer_pb2.LoadGraphRequest(fingerprint=self._fp, meta_graph=g.meta_graph, op_names=list(g.names),
+                                          fetches=list(g.fetches), name=getattr(g, "name", "graph"))
+        try:
+            w.stub.LoadGraph(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
+        except self._grpc.RpcError as e:
+            raise WorkerFailed(self._rpc_error(e)) from None
+        w.loaded = True
+
+    def _measure_on(self, w: _Worker, placement: np.ndarray, profile_runs: int = 0) -> Outcome:
+        from placer.runtime import placer_pb2
+
+        if not w.loaded:
+            self._load(w)
+        req = placer_pb2.MeasureRequest(fingerprint=self._fp, devices=self.devices,
+                                        placement=placement.astype(np.int32).tolist(), warmup=self.warmup,
+                                        runs=self.runs, timeout_s=self.timeout, profile_runs=profile_runs)
+        for attempt in range(2):
+            try:
+                r = w.stub.Measure(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
+                break
+            except self._grpc.RpcError as e:
+                if attempt == 0 and e.code() == self._grpc.StatusCode.FAILED_PRECONDITION:
+                    self._load(w)       # the worker restarted or evicted the graph: send it again
+                    continue
+                raise WorkerFailed(self._rpc_error(e)) from None
+        out = Outcome(step_time=r.step_time if not r.failed else float("inf"), oom=r.oom, failed=r.failed,
+                      reason=r.reason or None, runs=tuple(r.runs),
+                      on_assigned_device=r.on_assigned_device if r.has_on_assigned_device else None,
+                      peak_memory=np.asarray(list(r.peak_memory), np.int64))
+        out.worker = r.worker or w.address  # type: ignore[attr-defined]
+        if r.op_times:
+            out.op_times = {t.op: (t.device, list(t.seconds)) for t in r.op_times}  # type: ignore[attr-defined]
+        w.measured += 1
+        return out
+
+    # ---- Evaluator -----------------------------------------------------------------------------------------
+    def evaluate(self, placements: Sequence[np.ndarray], *, profile_runs: int = 0) -> list[Outcome]:
+        n_ops, n_dev = len(self.graph.names), len(self.devices)
+        results: list[Outcome | None] = [None] * len(placements)
+        arrays: list[np.ndarray | None] = []
+        for i, p in enumerate(placements):
+            a = np.asarray(p)
+            if a.ndim != 1 or len(a) != n_ops or a.dtype.kind not in "iu":
+                results[i] = Outcome.failure(f"placement has shape {a.shape} (dtype {a.dtype}); the graph has "
+                                             f"{n_ops} ops")
+            elif n_ops and (a.min() < 0 or a.max() >= n_dev):
+                results[i] = Outcome.failure(f"placement uses device index {int(a.max())} but there are "
+                                             f"{n_dev} devices {self.devices}")
+            arrays.append(a)
+        queue = collections.deque(i for i, r in enumerate(results) if r is None)
+        if not queue:
+            return results  # type: ignore[return-value]
+        self.check_workers()
+        live = [w for w in self.workers if w.alive]
+        if not live:
+            raise self._none_alive()
+        lost: dict[int, set] = collections.defaultdict(set)
+        cond = threading.Condition()
+        state = {"inflight": 0}
+
+        def run(w: _Worker) -> None:
+            while True:
+                with cond:
+                    while not queue and state["inflight"] > 0:
+                        cond.wait()
+                    if not queue:
+                        return
+                    i = queue.popleft()
+                    state["inflight"] += 1
+                try:
+                    out = self._measure_on(w, arrays[i], profile_runs)
+                    err = None
+                except WorkerFailed as e:
+                    out, err = None, str(e)
+                except Exception as e:  # noqa: BLE001 - a broken worker must not take the batch down
+                    out, err = None, f"{type(e).__name__}: {e}"
+                with cond:
+                    state["inflight"] -= 1
+                    if err is None:
+                        results[i] = out
+                    else:
+                        self._fail(w, err)
+                        lost[i].add(w.address)
+                        if len(lost[i]) >= len(self.workers):
+                            results[i] = Outcome.failure(f"every worker failed measuring this placement; "
+                                                         f"last: {w.address}: {err}")
+                        else:
+                            queue.appendleft(i)
+                    cond.notify_all()
+                    if err is not None:
+                        return
+
+        threads = [threading.Thread(target=run, args=(w,), daemon=True, name=f"measure-{w.address}")
+                   for w in live]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if any(r is None for r in results):
+            raise self._none_alive(len([r for r in results if r is None]))
+        return results  # type: ignore[return-value]
+
+    def _none_alive(self, pending: int | None = None) -> MeasurementError:
+        why = "; ".join(f"{w.address}: {w.reason or 'down'}" for w in self.workers)
+        head = f"no measurement worker is alive ({pending} placements unmeasured)" if pending else \
+            "no measurement worker is alive"
+        return MeasurementError(f"{head}: {why}")
+
+    def close(self) -> None:
+        for w in self.workers:
+            try:
+                w.channel.close()
+            except Exception:  # noqa: BLE001
+                pass
