@@ -1,0 +1,95 @@
+"""Built-in benchmark models: `build_model(name, size="full", batch_size=None) -> OpGraph`.
+
+    from placer.graphs.models import build_model, MODELS
+    g = build_model("nmt4")                 # full size (the paper's benchmark), cached after the first build
+    t = build_model("rnnlm", size="tiny")   # a few seconds: tests and demos
+
+Models (sizes and their sources: benchmarks/README.md)
+-------------------------------------------------------
+* ``inception_v3``: Keras 3 ``keras.applications.InceptionV3(weights=None)``, batch 32, 299x299x3, 1000 classes,
+  categorical cross-entropy, RMSProp; the imported graph is the whole training step (forward, loss, gradients,
+  optimizer update). ``tiny``: a 2-block Inception-style Keras net on 32x32x3, batch 4, same loss/optimizer.
+* ``nmt`` / ``nmt4``: GNMT-style encoder-decoder, 2 / 4 LSTM layers each side, hidden 1024, vocab 32,000 both
+  sides, batch 64, 40 source and 40 target steps, additive (Bahdanau) attention with input feeding, softmax,
+  Adam; built directly as a TF1 graph, LSTMs UNROLLED (every time step is separate ops).
+  ``tiny``: hidden 64, vocab 1000, seq 6, batch 8.
+* ``rnnlm``: 2-layer unrolled LSTM language model, hidden 2048, vocab 32,000, batch 64, 40 steps, SGD.
+  ``tiny``: hidden 64, vocab 1000, seq 6, batch 8.
+
+Op naming convention of the LSTM models (the expert baseline parses it)
+------------------------------------------------------------------------
+Every op name starts with its LAYER, one of:
+
+    nmt/nmt4:  encoder/embedding   encoder/layer_<i>   decoder/embedding   decoder/layer_<i>
+               decoder/attention   softmax   loss
+    rnnlm:     embedding   layer_<i>   softmax   loss
+
+* forward ops:  ``<layer>/...``; recurrent layers per time step ``<layer>/step_<t>/...`` (e.g.
+  ``encoder/layer_1/step_3/MatMul``); the layer's variables are ``<layer>/<var>`` (``encoder/layer_0/kernel``,
+  ``encoder/layer_0/bias``, ``encoder/embedding/embedding_matrix``, ``softmax/weights`` ...); variable reads
+  sit under the reading op (``.../step_3/MatMul/ReadVariableOp``). Inputs: ``encoder/embedding/source_ids``,
+  ``decoder/embedding/target_ids``, ``loss/labels`` (rnnlm: ``embedding/input_ids``, ``loss/labels``).
+* gradient ops (``tf.compat.v1.gradients``): ``gradients/<forward op name>_grad/...``, aggregation of several
+  gradients of one tensor ``gradients/AddN*`` and ``gradients/<forward op name>_grad/...`` -- strip the
+  leading ``gradients/`` (and any ``gradients_<k>/``) to find the layer; the few ops with no layer in their
+  name (``gradients/Shape``, ``gradients/grad_ys_0``, ``gradients/AddN_<k>``) belong to ``loss`` or follow their
+  inputs.
+* optimizer ops: Adam (nmt) ``Adam/update_<variable name>/...`` (e.g.
+  ``Adam/update_decoder/layer_0/kernel/ResourceApplyAdam``), slots ``<variable name>/Adam`` and
+  ``<variable name>/Adam_1``; shared ``beta1_power``/``beta2_power`` and ``Adam/...`` (no layer);
+  SGD (rnnlm) ``GradientDescent/update_<variable name>/...``; the train op is ``train_op`` (a NoOp).
+  So a layer owns every op whose name, after removing a leading ``gradients/``, ``Adam/update_`` or
+  ``GradientDescent/update_`` prefix, starts with ``<layer>/``.
+
+Keras (inception_v3) ops are named by Keras (``<model>/<layer name>/...``, variables by their Keras path).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from placer.errors import GraphImportError
+from placer.graphs.opgraph import OpGraph
+
+MODELS_VERSION = 1  # bump when a builder changes (invalidates cached builds)
+MODELS: tuple[str, ...] = ("inception_v3", "nmt", "nmt4", "rnnlm")
+SIZES = ("tiny", "full")
+
+
+def _builder(name: str) -> Callable[[str, int | None], OpGraph]:
+    if name == "inception_v3":
+        from placer.graphs.models.inception import build_inception_v3
+
+        return build_inception_v3
+    if name in ("nmt", "nmt4"):
+        from placer.graphs.models.seq2seq import build_nmt
+
+        layers = 2 if name == "nmt" else 4
+        return lambda size, batch: build_nmt(size, batch, num_layers=layers, name=name)
+    if name == "rnnlm":
+        from placer.graphs.models.seq2seq import build_rnnlm
+
+        return build_rnnlm
+    raise GraphImportError(f"unknown model {name!r}; valid models: {', '.join(MODELS)}")
+
+
+def build_model(name: str, size: str = "full", batch_size: int | None = None, *, cache: bool = True) -> OpGraph:
+    """Build (or load from the cache) the training-step OpGraph of a built-in model.
+
+    >>> g = build_model("rnnlm", size="tiny")        # doctest: +SKIP
+    >>> g.num_ops > 100, g.fetches                   # doctest: +SKIP
+    (True, ('train_op', 'loss/total:0'))
+    """
+    if name not in MODELS:
+        raise GraphImportError(f"unknown model {name!r}; valid models: {', '.join(MODELS)}")
+    if size not in SIZES:
+        raise GraphImportError(f"unknown size {size!r} for model {name!r}; valid sizes: {', '.join(SIZES)}")
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
+        raise GraphImportError(f"batch size must be a positive integer, got {batch_size!r}")
+    build = _builder(name)
+    from placer.graphs.load import _cached
+
+    key = ("model", name, size, batch_size, MODELS_VERSION)
+    return _cached(key, lambda: build(size, batch_size), cache)
+
+
+__all__ = ["MODELS", "SIZES", "build_model"]

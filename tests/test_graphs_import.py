@@ -1,0 +1,491 @@
+"""Graph import: every accepted source form, exact facts on tiny hand-made graphs, bad input, cache, models."""
+from __future__ import annotations
+
+import logging
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import pytest
+
+from placer.errors import GraphImportError
+from placer.graphs import OpGraph, load, load_from_args
+from placer.graphs.load import runtime_spec, synthetic_feeds
+
+tf = pytest.importorskip("tensorflow")
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLACER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def tf1_graph():
+    """x[2,4] @ w[4,3] -> y; loss = sum(y); SGD on w. Returns (graph, train op name)."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf.compat.v1.get_variable("w", [4, 3], use_resource=True)
+        y = tf.matmul(x, w, name="y")
+        loss = tf.reduce_sum(y, name="loss")
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+    return g
+
+
+def plain_graph():
+    """A graph with no variables: a=Const[2,3] f32, b=Neg(a), c=Add(a,b), d=Identity(c) w/ ctrl dep on b."""
+    g = tf.Graph()
+    with g.as_default():
+        a = tf.constant(np.ones((2, 3), np.float32), name="a")
+        b = tf.negative(a, name="b")
+        c = tf.add(a, b, name="c")
+        with tf.control_dependencies([b]):
+            tf.identity(c, name="d")
+        tf.constant(1.0, name="unused")
+    return g
+
+
+def colocation_ok(g: OpGraph) -> None:
+    """Every op consuming a variable handle shares the variable's co-location group."""
+    var_types = {"VarHandleOp", "VariableV2"}
+    for s, d in zip(g.edge_src, g.edge_dst):
+        if g.types[s] in var_types:
+            assert g.colocation[s] == g.colocation[d], (g.names[s], g.names[d])
+
+
+def run_meta_graph(g: OpGraph):
+    mg = g.meta_graph_def()
+    spec = runtime_spec(mg)
+    with tf.Graph().as_default():
+        tf.compat.v1.train.import_meta_graph(mg)
+        with tf.compat.v1.Session() as s:
+            s.run(spec.init_op)
+            return s.run(list(spec.fetches), feed_dict=synthetic_feeds(spec))
+
+
+# ------------------------------------------------------------------------------------------ exact facts
+def test_plain_graph_exact():
+    g = load(plain_graph(), fetches=["d"], cache=False)
+    assert set(g.names) == {"a", "b", "c", "d"}  # `unused` pruned
+    assert g.num_ops == 4
+    i = g.index
+    assert list(g.out_bytes[[i("a"), i("b"), i("c"), i("d")]]) == [24, 24, 24, 24]
+    data = {(g.names[s], g.names[d]) for s, d in zip(g.edge_src, g.edge_dst)}
+    assert data == {("a", "b"), ("a", "c"), ("b", "c"), ("c", "d")}
+    ctrl = {(g.names[s], g.names[d]) for s, d in zip(g.ctrl_src, g.ctrl_dst)}
+    assert ctrl == {("b", "d")}
+    assert g.num_edges == 5
+    assert g.persistent_bytes.sum() == 0
+    assert g.num_colocation_groups == 4
+    assert not g.cpu_only.any()
+    assert g.flops[i("c")] == 6  # one flop per element of Add
+    assert g.fetches == ("d",)
+    # topological order
+    pos = {n: k for k, n in enumerate(g.names)}
+    assert pos["a"] < pos["b"] < pos["c"] < pos["d"]
+
+
+def check_tf1(g: OpGraph) -> None:
+    i = g.index
+    assert g.num_ops == 18, g.names
+    assert g.persistent_bytes[i("w")] == 48 and g.persistent_bytes.sum() == 48
+    assert g.out_bytes[i("x")] == 2 * 4 * 4
+    assert g.out_bytes[i("y")] == 2 * 3 * 4
+    assert g.out_bytes[i("y/ReadVariableOp")] == 48
+    assert g.flops[i("y")] == 2 * 2 * 4 * 3
+    w = g.colocation[i("w")]
+    members = {g.names[k] for k in np.flatnonzero(g.colocation == w)}
+    assert members == {"w", "y/ReadVariableOp", "train/update_w/ResourceApplyGradientDescent"}
+    # `_class` colocation attr: tuple/control_dependency_1 is colocated with the MatMul_1 gradient op
+    assert g.colocation[i("gradients/y_grad/tuple/control_dependency_1")] == g.colocation[i("gradients/y_grad/MatMul_1")]
+    assert g.num_colocation_groups == g.num_ops - 3
+    assert (g.names[g.edge_src[0]], g.names[g.edge_dst[0]]) is not None
+    edges = {(g.names[s], g.names[d]) for s, d in zip(g.edge_src, g.edge_dst)}
+    assert ("w", "y/ReadVariableOp") in edges and ("x", "y") in edges
+    assert ("w", "train/update_w/ResourceApplyGradientDescent") in edges
+    colocation_ok(g)
+
+
+def test_tf_graph_train_op_collection():
+    g = load(tf1_graph(), batch_size=2, cache=False)
+    assert g.fetches == ("train",)
+    check_tf1(g)
+    assert not g.cpu_only.any()
+
+
+def test_tf_graph_runs_in_session():
+    g = load(tf1_graph(), fetches=["train", "loss:0"], batch_size=2, cache=False)
+    out = run_meta_graph(g)
+    assert out[0] is None and np.isfinite(out[1])
+    spec = runtime_spec(g.meta_graph_def())
+    assert spec.feeds == {"x": ("float32", (2, 4))}
+    assert spec.init_op == "placer_init"
+
+
+def test_graph_def_and_meta_graph_def(tmp_path):
+    graph = tf1_graph()
+    gd = graph.as_graph_def()
+    check_tf1(load(gd, fetches=["train"], batch_size=2, cache=False))
+    with graph.as_default():
+        mg = tf.compat.v1.train.export_meta_graph()
+    g = load(mg, batch_size=2, cache=False)
+    check_tf1(g)
+    # files: .pb (GraphDef), .pbtxt (GraphDef text), .meta (MetaGraphDef), .pbtxt (MetaGraphDef text)
+    (tmp_path / "g.pb").write_bytes(gd.SerializeToString())
+    check_tf1(load(tmp_path / "g.pb", fetches=["train"], batch_size=2, cache=False))
+    tf.io.write_graph(gd, str(tmp_path), "g.pbtxt", as_text=True)
+    check_tf1(load(str(tmp_path / "g.pbtxt"), fetches=["train"], batch_size=2, cache=False))
+    (tmp_path / "m.meta").write_bytes(mg.SerializeToString())
+    check_tf1(load(tmp_path / "m.meta", batch_size=2, cache=False))
+    from google.protobuf import text_format
+
+    (tmp_path / "m.pbtxt").write_text(text_format.MessageToString(mg))
+    check_tf1(load(tmp_path / "m.pbtxt", batch_size=2, cache=False))
+
+
+def test_ref_variables_and_existing_initializer():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.constant(np.ones((2, 2), np.float32), name="x")
+        v = tf.compat.v1.get_variable("v", [2, 2], use_resource=False,
+                                      initializer=tf.compat.v1.ones_initializer())
+        y = tf.matmul(x, v, name="y")
+        upd = tf.compat.v1.assign_add(v, y, name="upd")
+    og = load(g, fetches=[upd.op.name], cache=False)
+    i = og.index
+    assert og.types[i("v")] == "VariableV2" and og.persistent_bytes[i("v")] == 16
+    assert og.colocation[i("v")] == og.colocation[i("upd")]
+    assert "v/Assign" not in og.names  # the initializer is not part of the step...
+    assert "v/Assign" in {n.name for n in og.meta_graph_def().graph_def.node}  # ...but is in the runnable graph
+    run_meta_graph(og)
+
+
+# ------------------------------------------------------------------------------------------ TF2 forms
+class Tiny(tf.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = tf.Variable(tf.ones([4, 3]), name="w")
+        self.b = tf.Variable(tf.zeros([3]), name="b")
+
+    @tf.function(input_signature=[tf.TensorSpec([2, 4], tf.float32)])
+    def train(self, x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(x, self.w) + self.b)
+        gw, gb = tape.gradient(loss, [self.w, self.b])
+        self.w.assign_sub(0.1 * gw)
+        self.b.assign_sub(0.1 * gb)
+        return {"loss": loss}
+
+
+def check_tf2(g: OpGraph) -> None:
+    i = g.index
+    assert g.types[i("w")] == "VarHandleOp" and g.persistent_bytes[i("w")] == 48
+    assert g.types[i("b")] == "VarHandleOp" and g.persistent_bytes[i("b")] == 12
+    assert g.persistent_bytes.sum() == 60
+    assert "train_op" in g.fetches
+    colocation_ok(g)
+    for var in ("w", "b"):
+        grp = g.colocation[i(var)]
+        types = {g.types[k] for k in np.flatnonzero(g.colocation == grp)}
+        assert "AssignSubVariableOp" in types and "ReadVariableOp" in types
+    assert not any(t == "Placeholder" and g.out_bytes[k] == 8 for k, t in enumerate(g.types))  # no resource inputs
+    out = run_meta_graph(g)
+    assert any(isinstance(o, np.floating) or isinstance(o, np.ndarray) for o in out)
+
+
+def test_concrete_function():
+    m = Tiny()
+    cf = m.train.get_concrete_function()
+    g = load(cf, cache=False)
+    check_tf2(g)
+
+
+def test_nested_function_is_inlined():
+    m = Tiny()
+
+    @tf.function
+    def inner(x):
+        return tf.nn.relu(tf.matmul(x, m.w))
+
+    @tf.function(input_signature=[tf.TensorSpec([2, 4], tf.float32)])
+    def outer(x):
+        y = inner(x)
+        m.w.assign_add(tf.zeros([4, 3]))
+        return tf.reduce_sum(y)
+
+    g = load(outer.get_concrete_function(), cache=False)
+    assert "Relu" in g.types and "MatMul" in g.types
+    assert not {"PartitionedCall", "StatefulPartitionedCall"} & set(g.types)
+    run_meta_graph(g)
+
+
+def test_saved_model_dir(tmp_path):
+    m = Tiny()
+    tf.saved_model.save(m, str(tmp_path / "sm"), signatures={"train": m.train.get_concrete_function()})
+    g = load(tmp_path / "sm", cache=False)
+    i = g.index
+    assert not {"PartitionedCall", "StatefulPartitionedCall"} & set(g.types)
+    var_ops = [k for k, t in enumerate(g.types) if t == "VarHandleOp"]
+    assert sorted(g.persistent_bytes[var_ops]) == [12, 48]
+    colocation_ok(g)
+    assert i  # names resolvable
+    run_meta_graph(g)
+
+
+def tiny_keras(batch=None):
+    import keras
+
+    inp = keras.Input((4,), batch_size=batch, name="features")
+    out = keras.layers.Dense(3, activation="softmax", name="dense")(inp)
+    model = keras.Model(inp, out, name="tiny_keras")
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="categorical_crossentropy")
+    return model
+
+
+def check_keras(g: OpGraph) -> None:
+    kernel = [k for k, t in enumerate(g.types) if t == "VarHandleOp" and g.persistent_bytes[k] == 48]
+    bias = [k for k, t in enumerate(g.types) if t == "VarHandleOp" and g.persistent_bytes[k] == 12]
+    assert len(kernel) == 1 and len(bias) == 1
+    assert g.names[kernel[0]].endswith("kernel") and g.names[bias[0]].endswith("bias")
+    types = set(g.types)
+    assert {"MatMul", "AssignSubVariableOp"} <= types or {"MatMul", "AssignVariableOp"} <= types
+    # gradient of the dense layer: a MatMul with the transposed input (forward + 2 backward MatMuls)
+    assert g.types.count("MatMul") >= 2
+    colocation_ok(g)
+    spec = runtime_spec(g.meta_graph_def())
+    assert sorted(shape for _, shape in spec.feeds.values()) == [(5, 3), (5, 4)]
+    run_meta_graph(g)
+
+
+def test_keras_model_needs_batch_size():
+    with pytest.raises(GraphImportError, match="batch size"):
+        load(tiny_keras(), cache=False)
+
+
+def test_keras_model_and_file(tmp_path):
+    model = tiny_keras()
+    check_keras(load(model, batch_size=5, cache=False))
+    model.save(tmp_path / "m.keras")
+    check_keras(load(tmp_path / "m.keras", batch_size=5, cache=False))
+
+
+def test_keras_not_compiled():
+    import keras
+
+    inp = keras.Input((4,))
+    model = keras.Model(inp, keras.layers.Dense(2)(inp))
+    with pytest.raises(GraphImportError, match="not compiled"):
+        load(model, batch_size=2, cache=False)
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def test_missing_file(tmp_path):
+    with pytest.raises(GraphImportError, match="not found"):
+        load(tmp_path / "nope.pb")
+
+
+@pytest.mark.parametrize("suffix", [".pb", ".meta", ".pbtxt"])
+def test_truncated_and_non_graph_files(tmp_path, suffix):
+    gd = tf1_graph().as_graph_def().SerializeToString()
+    p = tmp_path / f"trunc{suffix}"
+    p.write_bytes(gd[: len(gd) // 2])
+    with pytest.raises(GraphImportError, match="not a TensorFlow graph"):
+        load(p, fetches=["train"], batch_size=2, cache=False)
+    q = tmp_path / f"text{suffix}"
+    q.write_text("hello, this is not a graph\n" * 10)
+    with pytest.raises(GraphImportError, match="not a TensorFlow graph"):
+        load(q, fetches=["train"], cache=False)
+
+
+def test_empty_file_and_graph(tmp_path):
+    p = tmp_path / "empty.pb"
+    p.write_bytes(b"")
+    with pytest.raises(GraphImportError, match="empty"):
+        load(p, fetches=["x"])
+    with pytest.raises(GraphImportError, match="empty"):
+        load(tf.Graph().as_graph_def(), fetches=["x"], cache=False)
+
+
+def test_not_a_saved_model_dir(tmp_path):
+    with pytest.raises(GraphImportError, match="not a SavedModel"):
+        load(tmp_path)
+
+
+def test_cycle():
+    gd = plain_graph().as_graph_def()
+    for n in gd.node:
+        if n.name == "b":
+            n.input.append("^d")
+    with pytest.raises(GraphImportError, match="cycle"):
+        load(gd, fetches=["d"], cache=False)
+
+
+def test_unknown_fetch():
+    with pytest.raises(GraphImportError, match=r"fetch 'trian'.*did you mean \['train'\]"):
+        load(tf1_graph(), fetches=["trian"], batch_size=2, cache=False)
+    with pytest.raises(GraphImportError, match="needs fetch names"):
+        load(tf1_graph().as_graph_def(), cache=False)
+
+
+def test_tf1_while_loop_refused():
+    g = tf.Graph()
+    with g.as_default():
+        tf.compat.v1.disable_control_flow_v2()
+        try:
+            i = tf.constant(0)
+            r = tf.while_loop(lambda i: i < 10, lambda i: i + 1, [i])
+        finally:
+            tf.compat.v1.enable_control_flow_v2()
+        tf.identity(r, name="out")
+    with pytest.raises(GraphImportError, match="loop.*unroll"):
+        load(g, fetches=["out"], cache=False)
+
+
+def test_functional_while_refused():
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float32)])
+    def f(x):
+        return tf.while_loop(lambda i, a: i < 10, lambda i, a: (i + 1, a * 2.0), [0, x])[1]
+
+    with pytest.raises(GraphImportError, match="loop.*unroll"):
+        load(f.get_concrete_function(), cache=False)
+
+
+def test_functional_if_is_one_op_with_body_cost():
+    @tf.function(input_signature=[tf.TensorSpec([8, 8], tf.float32), tf.TensorSpec([], tf.bool)])
+    def f(x, p):
+        return tf.cond(p, lambda: tf.matmul(x, x), lambda: x + 1.0)
+
+    g = load(f.get_concrete_function(), cache=False)
+    ifs = [k for k, t in enumerate(g.types) if t in ("If", "StatelessIf")]
+    assert len(ifs) == 1
+    assert g.flops[ifs[0]] == 2 * 8 * 8 * 8  # the larger branch (the matmul)
+    run_meta_graph(g)
+
+
+def test_unknown_shapes_warn_with_fallback(caplog):
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.constant([1, 2, 2, 3], name="x")
+        u, _ = tf.unique(x, name="u")
+        tf.identity(u, name="out")
+    with caplog.at_level(logging.WARNING, logger="placer.graphs.load"):
+        og = load(g, fetches=["out"], cache=False)
+    assert "unknown shape" in caplog.text and "'u'" in caplog.text
+    assert og.out_bytes[og.index("out")] == 4  # unknown dim counts as 1 element of int32
+
+
+def test_placeholder_unknown_batch_needs_batch_size():
+    with pytest.raises(GraphImportError, match="placeholder 'x'.*batch size"):
+        load(tf1_graph(), cache=False)
+
+
+def test_unsupported_source():
+    with pytest.raises(GraphImportError, match="cannot import a int"):
+        load(42)
+
+
+def test_load_from_args():
+    from argparse import Namespace
+
+    with pytest.raises(GraphImportError, match="no graph given"):
+        load_from_args(Namespace(graph=None, model=None, size="full", batch_size=None, fetch=[]))
+    with pytest.raises(GraphImportError, match="not both"):
+        load_from_args(Namespace(graph="x.pb", model="nmt", size="full", batch_size=None, fetch=[]))
+    with pytest.raises(GraphImportError, match="valid models: inception_v3, nmt, nmt4, rnnlm"):
+        load_from_args(Namespace(graph=None, model="resnet", size="tiny", batch_size=None, fetch=[]))
+
+
+def test_cpu_only_from_kernel_registry():
+    g = tf.Graph()
+    with g.as_default():
+        s = tf.strings.as_string(tf.constant([1.0, 2.0], name="x"), name="s")   # AsString: CPU kernel only
+        tf.strings.join([s, s], name="j")                                      # StringJoin: CPU kernel only
+        tf.identity(tf.constant(1.0) * 2.0, name="k")
+    og = load(g, fetches=["j", "k"], cache=False)
+    i = og.index
+    assert og.cpu_only[i("s")] and og.cpu_only[i("j")]
+    assert not og.cpu_only[i("k")] and not og.cpu_only[i("x")]
+
+
+# ------------------------------------------------------------------------------------------ cache
+def test_cache_hit(tmp_path):
+    graph = tf1_graph()
+    a = load(graph, batch_size=2)
+    files = list((tmp_path / "cache").rglob("*.npz"))
+    assert len(files) == 1
+    mtime = files[0].stat().st_mtime_ns
+    b = load(graph, batch_size=2)
+    assert files[0].stat().st_mtime_ns == mtime
+    assert a.fingerprint == b.fingerprint and a.names == b.names
+    assert np.array_equal(a.colocation, b.colocation) and a.meta_graph == b.meta_graph
+    load(graph, batch_size=3)  # another batch size is another entry
+    assert len(list((tmp_path / "cache").rglob("*.npz"))) == 2
+
+
+def test_fingerprint_stable_across_imports():
+    a = load(tf1_graph(), batch_size=2, cache=False)
+    b = load(tf1_graph(), batch_size=2, cache=False)
+    c = load(tf1_graph(), batch_size=4, cache=False)
+    assert a.fingerprint == b.fingerprint != c.fingerprint
+
+
+# ------------------------------------------------------------------------------------------ models
+@pytest.mark.parametrize("name", ["rnnlm", "nmt", "nmt4", "inception_v3"])
+def test_tiny_models(name):
+    from placer.graphs.models import build_model
+
+    g = build_model(name, size="tiny")
+    assert g.num_ops > 300
+    colocation_ok(g)
+    assert g.persistent_bytes.sum() > 0 and g.flops.sum() > 0
+    assert (g.out_bytes >= 0).all()
+    # every variable's group holds its readers and updaters
+    var_ids = [k for k, t in enumerate(g.types) if t == "VarHandleOp"]
+    for k in var_ids:
+        grp = set(np.flatnonzero(g.colocation == g.colocation[k]))
+        consumers = set(g.edge_dst[g.edge_src == k])
+        assert consumers <= grp
+    if name != "inception_v3":
+        assert "train_op" in g.fetches
+        assert any(n.startswith("encoder/layer_1/step_") or n.startswith("layer_1/step_") for n in g.names)
+        assert any(n.startswith("gradients/") for n in g.names)
+    assert build_model(name, size="tiny").fingerprint == g.fingerprint  # cached
+
+
+def test_tiny_nmt_runs_and_names():
+    from placer.graphs.models import build_model
+
+    g = build_model("nmt", size="tiny", batch_size=3)
+    spec = runtime_spec(g.meta_graph_def())
+    assert spec.feeds["encoder/embedding/source_ids"] == ("int32", (3, 6))
+    layers = ("encoder/embedding", "encoder/layer_", "decoder/embedding", "decoder/layer_", "decoder/attention",
+              "softmax", "loss")
+    fwd = [n for n in g.names if not n.startswith(("gradients", "Adam", "beta", "train_op"))]
+    unnamed = [n for n in fwd if not n.startswith(layers)]
+    assert unnamed == [], unnamed[:10]
+    out = run_meta_graph(g)
+    assert np.isfinite(out[-1])
+
+
+def test_unknown_model():
+    from placer.graphs.models import build_model
+
+    with pytest.raises(GraphImportError, match="valid models"):
+        build_model("alexnet")
+    with pytest.raises(GraphImportError, match="valid sizes"):
+        build_model("nmt", size="huge")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,min_ops", [("inception_v3", 4000), ("nmt4", 5000), ("nmt", 3000), ("rnnlm", 1000)])
+def test_full_models(name, min_ops):
+    from placer.graphs.models import build_model
+
+    g = build_model(name)
+    assert g.num_ops >= min_ops
+    colocation_ok(g)
+    var_ids = [k for k, t in enumerate(g.types) if t == "VarHandleOp"]
+    for k in var_ids:
+        assert set(g.edge_dst[g.edge_src == k]) <= set(np.flatnonzero(g.colocation == g.colocation[k]))
