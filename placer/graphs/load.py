@@ -799,8 +799,10 @@ def _convert(gd, fetches: list[str], *, batch_size: int | None, name: str, where
         if nd.op == "Placeholder" and nd.name in keep:
             feeds.append(nd.name)
             _fix_placeholder(nn, batch_size, where)
-    if any(nodes[n].op not in _registered_ops() for n in everything):
-        out_gd.library.CopyFrom(gd.library)
+    used = _used_functions(out_gd.node, gd.library)
+    if used:
+        out_gd.library.function.extend(f for f in gd.library.function if f.signature.name in used)
+        out_gd.library.gradient.extend(x for x in gd.library.gradient if x.function_name in used)
     fingerprint = hashlib.sha256(out_gd.SerializeToString(deterministic=True) + repr(fetches).encode()).hexdigest()[:16]
 
     g = tf.Graph()
@@ -818,31 +820,37 @@ def _convert(gd, fetches: list[str], *, batch_size: int | None, name: str, where
                          meta_graph=mg.SerializeToString(), fingerprint=fingerprint)
 
 
+def _used_functions(node_defs, library) -> set[str]:
+    """Names of the library functions the given nodes call (directly, through attrs, or nested)."""
+    lib = {f.signature.name: f for f in library.function}
+    if not lib:
+        return set()
+
+    def called(nds) -> set[str]:
+        out = set()
+        for nd in nds:
+            if nd.op in lib:
+                out.add(nd.op)
+            for a in nd.attr.values():
+                if a.HasField("func"):
+                    out.add(a.func.name)
+                out.update(f.name for f in a.list.func)
+        return out & set(lib)
+
+    used: set[str] = set()
+    todo = called(node_defs)
+    while todo:
+        f = todo.pop()
+        if f in used:
+            continue
+        used.add(f)
+        todo |= called(lib[f].node_def) - used
+    return used
+
+
 def _first_line(e: BaseException) -> str:
     s = str(getattr(e, "message", None) or e).strip()
     return s.splitlines()[0] if s else type(e).__name__
-
-
-_REGISTERED: frozenset[str] | None = None
-
-
-def _registered_ops() -> frozenset[str]:
-    global _REGISTERED
-    if _REGISTERED is None:
-        from tensorflow.python.framework import op_def_registry
-
-        _REGISTERED = frozenset(op_def_registry.get_registered_ops() if hasattr(op_def_registry, "get_registered_ops")
-                                else ())
-        if not _REGISTERED:
-            from tensorflow.python.framework import ops as _ops  # noqa: F401
-            from tensorflow.python.client import pywrap_tf_session as c_api
-            from tensorflow.core.framework import op_def_pb2
-
-            buf = c_api.TF_GetAllOpList()
-            lst = op_def_pb2.OpList()
-            lst.ParseFromString(c_api.TF_GetBuffer(buf))
-            _REGISTERED = frozenset(o.name for o in lst.op)
-    return _REGISTERED
 
 
 def _fix_placeholder(nd, batch_size: int | None, where: str) -> None:
