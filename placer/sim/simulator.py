@@ -15,7 +15,8 @@ Semantics (issue 3):
   copy also waits for its outgoing transfers). At one instant the op's outputs are allocated before its
   inputs are freed. A device is OOM when its peak exceeds memory - reserve.
 - Step time = makespan (the last op's finish).
-- Events at the same instant are all applied before any device picks its next op.
+- Events at the same instant are all applied (transfer arrivals first, then op finishes by op index) before
+  any device picks its next op.
 
 The hot loop is numba-compiled (`_simulate_kernel`, nogil, cache=True) over CSR arrays built once per graph.
 
@@ -50,50 +51,9 @@ ORDERS = {"ready": 0, "critical": 1}
 # compiled core
 # =================================================================================================================
 @njit(cache=True, nogil=True)
-def _ev_push(ev_t, ev_s, ev_id, size, t, s, i):
-    k = size
-    ev_t[k] = t
-    ev_s[k] = s
-    ev_id[k] = i
-    while k > 0:
-        p = (k - 1) >> 1
-        if ev_t[p] < ev_t[k] or (ev_t[p] == ev_t[k] and ev_s[p] < ev_s[k]):
-            break
-        ev_t[p], ev_t[k] = ev_t[k], ev_t[p]
-        ev_s[p], ev_s[k] = ev_s[k], ev_s[p]
-        ev_id[p], ev_id[k] = ev_id[k], ev_id[p]
-        k = p
-    return size + 1
-
-
-@njit(cache=True, nogil=True)
-def _ev_pop(ev_t, ev_s, ev_id, size):
-    """Remove the root; returns the new size (root's values must be read before)."""
-    size -= 1
-    ev_t[0] = ev_t[size]
-    ev_s[0] = ev_s[size]
-    ev_id[0] = ev_id[size]
-    k = 0
-    while True:
-        l = 2 * k + 1
-        if l >= size:
-            break
-        c = l
-        r = l + 1
-        if r < size and (ev_t[r] < ev_t[l] or (ev_t[r] == ev_t[l] and ev_s[r] < ev_s[l])):
-            c = r
-        if ev_t[k] < ev_t[c] or (ev_t[k] == ev_t[c] and ev_s[k] < ev_s[c]):
-            break
-        ev_t[c], ev_t[k] = ev_t[k], ev_t[c]
-        ev_s[c], ev_s[k] = ev_s[k], ev_s[c]
-        ev_id[c], ev_id[k] = ev_id[k], ev_id[c]
-        k = c
-    return size
-
-
-@njit(cache=True, nogil=True)
 def _rq_push(k1, k2, sizes, d, a, b):
-    """Per-device ready heap on (k1, k2) ascending; row d of k1/k2."""
+    """Binary min-heaps on (k1, k2), one per row d of k1/k2 (sizes[d] entries): the per-device ready queues
+    and, in the last row, the event queue (time, event id)."""
     k = sizes[d]
     k1[d, k] = a
     k2[d, k] = b
@@ -181,15 +141,15 @@ def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
         busy[d] = 0.0
     link_free = np.zeros((D, D))
     running = np.zeros(D, np.int64)
-    rq1 = np.empty((D, n + 1))
-    rq2 = np.empty((D, n + 1), np.int64)
-    rqn = np.zeros(D, np.int64)
-    ecap = n + T * D + 1
-    ev_t = np.empty(ecap)
-    ev_s = np.empty(ecap, np.int64)
-    ev_id = np.empty(ecap, np.int64)
-    nev = 0
-    seq = 0
+    # rows 0..D-1: ready queues; row D: events (finish of op i: id i >= 0; arrival of transfer k: id -1-k).
+    # At most sum(conc) ops run at once and each link has at most one arrival queued (its FIFO head).
+    width = max(n + 1, int(conc.sum()) + D * D + 1)
+    rq1 = np.empty((D + 1, width))
+    rq2 = np.empty((D + 1, width), np.int64)
+    rqn = np.zeros(D + 1, np.int64)
+    EV = D
+    link_tail = np.full((D, D), -1, np.int64)
+    x_next = np.empty(x_tensor.shape[0], np.int64)
     stamp = np.full(D, -1, np.int64)
     nx = 0
     xbytes = 0
@@ -209,15 +169,13 @@ def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
                 op_start[i] = now
                 running[d] += 1
                 busy[d] += c
-                nev = _ev_push(ev_t, ev_s, ev_id, nev, now + c, seq, i)
-                seq += 1
-        if nev == 0:
+                _rq_push(rq1, rq2, rqn, EV, now + c, i)
+        if rqn[EV] == 0:
             break
-        now = ev_t[0]
+        now = rq1[EV, 0]
         # apply every event at this instant
-        while nev > 0 and ev_t[0] == now:
-            eid = ev_id[0]
-            nev = _ev_pop(ev_t, ev_s, ev_id, nev)
+        while rqn[EV] > 0 and rq1[EV, 0] == now:
+            eid = _rq_pop(rq1, rq2, rqn, EV)
             if eid >= 0:  # op finished
                 i = eid
                 d = dev[i]
@@ -250,11 +208,16 @@ def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
                             x_dst[nx] = j
                             x_start[nx] = s0
                             x_end[nx] = e0
+                            x_next[nx] = -1
+                            # FIFO link: only the head transfer of each link sits in the event queue
+                            if link_tail[d, j] < 0:
+                                _rq_push(rq1, rq2, rqn, EV, e0, -1 - nx)
+                            else:
+                                x_next[link_tail[d, j]] = nx
+                            link_tail[d, j] = nx
                             nx += 1
                             xbytes += b
                             ref[t * D + d] += 1  # the producer copy lives until the send completes
-                            nev = _ev_push(ev_t, ev_s, ev_id, nev, e0, seq, -1 - (t * D + j))
-                            seq += 1
                     if ref[t * D + d] == 0:
                         mem[d] -= b
                 for k in range(c_ptr[i], c_ptr[i + 1]):
@@ -270,9 +233,14 @@ def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
                     if ref[r] == 0:
                         mem[d] -= t_bytes[t]
             else:  # transfer of tensor t arrived on device j
-                code = -1 - eid
-                t = code // D
-                j = code - t * D
+                xk = -1 - eid
+                t = x_tensor[xk]
+                j = x_dst[xk]
+                nxt = x_next[xk]
+                if nxt >= 0:
+                    _rq_push(rq1, rq2, rqn, EV, x_end[nxt], -1 - nxt)
+                else:
+                    link_tail[x_src[xk], j] = -1
                 b = t_bytes[t]
                 mem[j] += b
                 if mem[j] > peak[j]:
