@@ -73,3 +73,31 @@ def write_file_graph(path: str) -> OpGraph:
 
 def device_indices(graph: OpGraph, fn) -> np.ndarray:
     return np.asarray([fn(i, n) for i, n in enumerate(graph.names)], dtype=np.int64)
+
+
+def start_worker(*extra: str, timeout: float = 60.0):
+    """Start `placer worker --listen 127.0.0.1:0 ...` as a subprocess; returns (Popen, "127.0.0.1:PORT")."""
+    import os
+    import select
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    p = subprocess.Popen([sys.executable, "-m", "placer", "worker", "--listen", "127.0.0.1:0", *extra],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    ready, _, _ = select.select([p.stdout], [], [], timeout)
+    line = p.stdout.readline() if ready else ""
+    if "listening on" not in line:
+        p.kill()
+        raise RuntimeError(f"worker did not start: {line!r}")
+    return p, line.split("listening on", 1)[1].split()[0]
+
+
+def stop_worker(p) -> None:
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout=20)
+        except Exception:  # noqa: BLE001
+            p.kill()
+            p.wait(timeout=10)

@@ -8,8 +8,7 @@
 Each worker gets the graph once (`LoadGraph`, cached there by fingerprint; re-sent if the worker restarted).
 `evaluate` runs one thread per live worker pulling placements from a shared queue, so a batch takes about
 (batch / workers) measurements. A worker that dies, times out, refuses or errors is marked dead and the
-placement it held goes back to the queue for another worker; a placement that every worker lost comes back as a
-failed Outcome. Dead workers are health-checked again (every `health_interval` s, at the start of a batch) and
+placement it held goes back to the queue for another worker. Dead workers are health-checked again (every `health_interval` s, at the start of a batch) and
 rejoin when they answer. The pool goes on while at least one worker lives; when none does, `evaluate` raises
 MeasurementError naming every worker and why it is out. Per-placement failures (OOM, a device the worker does
 not have, a TF error) are failed Outcomes from the worker, not worker failures.
@@ -190,7 +189,6 @@ class RemotePool(Evaluator):
         live = [w for w in self.workers if w.alive]
         if not live:
             raise self._none_alive()
-        lost: dict[int, set] = collections.defaultdict(set)
         cond = threading.Condition()
         state = {"inflight": 0}
 
@@ -215,13 +213,8 @@ class RemotePool(Evaluator):
                     if err is None:
                         results[i] = out
                     else:
-                        self._fail(w, err)
-                        lost[i].add(w.address)
-                        if len(lost[i]) >= len(self.workers):
-                            results[i] = Outcome.failure(f"every worker failed measuring this placement; "
-                                                         f"last: {w.address}: {err}")
-                        else:
-                            queue.appendleft(i)
+                        self._fail(w, err)          # the worker is out; its placement goes to another
+                        queue.appendleft(i)
                     cond.notify_all()
                     if err is not None:
                         return

@@ -1,0 +1,139 @@
+"""Measurement workers on loopback (real `placer worker` subprocesses) and the RemotePool over them."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from placer.errors import MeasurementError
+from placer.runtime.local import LocalRunner
+from placer.runtime.remote import RemotePool
+from placer.runtime.worker import serve
+from runtime_util import mlp_graph, start_worker, stop_worker, write_file_graph
+
+
+@pytest.fixture(scope="module")
+def graph():
+    # big enough that one measurement (runs=30) takes a noticeable fraction of a second
+    return mlp_graph(width=384, batch=64, layers=3)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    procs = []
+    try:
+        for _ in range(2):
+            procs.append(start_worker("--devices", "cpu:2"))
+        yield procs
+    finally:
+        for p, _ in procs:
+            stop_worker(p)
+
+
+@pytest.fixture(scope="module")
+def token_worker(tmp_path_factory):
+    tok = tmp_path_factory.mktemp("tok") / "token"
+    tok.write_text("s3cret-token\n")
+    p, addr = start_worker("--devices", "cpu:1", "--token-file", str(tok))
+    yield addr
+    stop_worker(p)
+
+
+def _placements(graph, k):
+    split = (graph.colocation % 2).astype(np.int64)
+    return [np.zeros(graph.num_ops, np.int64) if i % 2 == 0 else split for i in range(k)]
+
+
+def test_two_workers_measure_like_local(graph, workers):
+    addrs = [a for _, a in workers]
+    with RemotePool(graph, addrs, "cpu:2", warmup=1, runs=3, timeout=120) as pool:
+        outs = pool.evaluate(_placements(graph, 6))
+    with LocalRunner(graph, "cpu:2", warmup=1, runs=3, timeout=120) as local:
+        [ref] = local.evaluate(_placements(graph, 1))
+    assert len(outs) == 6
+    for o in outs:
+        assert o.ok, o.reason
+        assert type(o) is type(ref) and len(o.runs) == len(ref.runs) == 3
+        assert all(r > 0 for r in o.runs) and o.step_time == pytest.approx(float(np.median(o.runs)))
+        assert o.on_assigned_device == ref.on_assigned_device == 1.0
+        assert o.peak_memory.shape == ref.peak_memory.shape == (2,)
+    assert {o.worker for o in outs} == set(addrs)        # the batch was spread over both workers
+
+
+def test_bad_placements_come_back_as_failed_outcomes(graph, workers):
+    addrs = [a for _, a in workers]
+    with RemotePool(graph, addrs, ["/CPU:0", "/GPU:0"], warmup=0, runs=1, timeout=120) as pool:
+        gpu, short = np.ones(graph.num_ops, np.int64), np.zeros(3, np.int64)
+        o_gpu, o_short, o_ok = pool.evaluate([gpu, short, np.zeros(graph.num_ops, np.int64)])
+    assert o_gpu.failed and "/GPU:0" in o_gpu.reason
+    assert o_short.failed and "ops" in o_short.reason
+    assert o_ok.ok
+
+
+def test_wrong_token_is_refused(graph, token_worker):
+    import grpc
+
+    from placer.runtime import placer_pb2, placer_pb2_grpc
+
+    with grpc.insecure_channel(token_worker) as ch:
+        stub = placer_pb2_grpc.MeasurerStub(ch)
+        for md in [(), (("x-placer-token", "wrong"),)]:
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Health(placer_pb2.HealthRequest(), timeout=10, metadata=md)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        ok = stub.Health(placer_pb2.HealthRequest(), timeout=10, metadata=(("x-placer-token", "s3cret-token"),))
+        assert ok.ok and not ok.allow_unsafe_ops
+    with RemotePool(graph, [token_worker], "cpu:1", token="nope", runs=1) as pool:
+        with pytest.raises(MeasurementError, match="UNAUTHENTICATED"):
+            pool.evaluate(_placements(graph, 1))
+
+
+def test_file_writing_graph_is_refused(token_worker, tmp_path):
+    target = tmp_path / "pwned.txt"
+    g = write_file_graph(str(target))
+    with RemotePool(g, [token_worker], "cpu:1", token="s3cret-token", runs=1, timeout=120) as pool:
+        with pytest.raises(MeasurementError, match=r"PERMISSION_DENIED.*WriteFile.*--allow-unsafe-ops"):
+            pool.evaluate([np.zeros(g.num_ops, np.int64)])
+    assert not target.exists()
+
+
+def test_non_loopback_needs_a_token():
+    with pytest.raises(MeasurementError, match="without a token"):
+        serve("0.0.0.0:0", block=False)
+    with pytest.raises(MeasurementError, match="both"):
+        serve("127.0.0.1:0", tls_cert="c.pem", block=False)
+
+
+def test_killing_a_worker_mid_batch_still_returns_every_result(graph, workers):
+    (pa, addr_a), (pb, addr_b) = workers
+    pool = RemotePool(graph, [addr_a, addr_b], "cpu:2", warmup=1, runs=30, timeout=120, health_interval=3600)
+    try:
+        pool.evaluate(_placements(graph, 2))           # both loaded and warm
+        wa = pool.workers[0]
+        start = wa.measured
+
+        def killer():
+            deadline = time.monotonic() + 60
+            while wa.measured <= start and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(pa.pid, signal.SIGKILL)            # A dies while it holds its next placement
+
+        t = threading.Thread(target=killer)
+        t.start()
+        outs = pool.evaluate(_placements(graph, 10))
+        t.join()
+        assert len(outs) == 10 and all(o.ok for o in outs), [o.reason for o in outs if o.failed]
+        assert all(o.on_assigned_device == 1.0 for o in outs)
+        assert not wa.alive and pool.workers[1].alive
+        assert sum(o.worker == addr_b for o in outs) >= 6 and any(o.worker == addr_a for o in outs)
+        # the last worker gone: the pool says so clearly
+        os.kill(pb.pid, signal.SIGKILL)
+        pb.wait(10)
+        with pytest.raises(MeasurementError, match="no measurement worker is alive"):
+            pool.evaluate(_placements(graph, 2))
+    finally:
+        pool.close()
