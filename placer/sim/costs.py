@@ -122,8 +122,8 @@ class CostTable:
             np.zeros((0, len(self.names)))
         with open(p, "wb") as f:
             np.savez(f, format=np.asarray(COSTS_FORMAT), fingerprint=np.asarray(self.fingerprint),
-                     source=np.asarray(self.source), names=np.asarray(self.names, dtype=object),
-                     cpu_only=np.asarray(self.cpu_only, bool), kinds=np.asarray(kinds, dtype=object),
+                     source=np.asarray(self.source), names=np.asarray(self.names, dtype=str),
+                     cpu_only=np.asarray(self.cpu_only, bool), kinds=np.asarray(kinds, dtype=str),
                      seconds=arr, meta=np.asarray(json.dumps(self.meta)))
 
     @staticmethod
@@ -141,13 +141,13 @@ class CostTable:
                               {str(k): np.asarray(v, np.float64) for k, v in obj["seconds"].items()},
                               str(obj.get("source", "profiled")), dict(obj.get("meta") or {}))
             else:
-                z = np.load(p, allow_pickle=True)
+                z = np.load(p, allow_pickle=False)  # no pickles: a cost file must not run code
                 kinds = [str(k) for k in z["kinds"]]
                 secs = z["seconds"]
                 t = CostTable(str(z["fingerprint"]), tuple(str(x) for x in z["names"]), z["cpu_only"].astype(bool),
                               {k: np.asarray(secs[i], np.float64) for i, k in enumerate(kinds)}, str(z["source"]),
                               json.loads(str(z["meta"])))
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        except Exception as e:  # noqa: BLE001 - any unreadable file is one clear error
             raise CostTableError(f"cannot read cost table {str(p)!r}: {e}") from None
         n = len(t.names)
         for k, v in t.seconds.items():
