@@ -274,3 +274,22 @@ def test_evaluator_batch_matches_simulate_and_both_threads():
         assert list(ev.devices) == cl.device_names
     assert [o.step_time for o in outs] == [sim.simulate(p).step_time for p in pls]
     assert all(o.peak_memory.shape == (3,) for o in outs)
+
+
+def test_interval_bound_beats_cp_and_load_when_work_sits_between_head_and_tail():
+    # s (5 s) -> 4 parallel ops (1 s) -> t (5 s) on two GPUs: CP = 11, load = 14 / 2 = 7;
+    # interval: the middle ops start >= 5 and need >= 5 after: 5 + 5 + 4 / 2 = 12 (also the optimum, without
+    # transfers)
+    g = OpGraph.build([("s", "X", 8)] + [(f"m{i}", "X", 8) for i in range(4)] + [("t", "X", 8)],
+                      [("s", f"m{i}") for i in range(4)] + [(f"m{i}", "t") for i in range(4)])
+    dev = Device("/GPU:0", "T", memory_bytes=10**9)
+    cl2 = Cluster((dev, Device("/GPU:1", "T", memory_bytes=10**9)), np.full((2, 2), BW), np.full((2, 2), LAT))
+    c = np.array([[5.0, 5.0]] + [[1.0, 1.0]] * 4 + [[5.0, 5.0]])
+    sim = Simulator(g, cl2, c)
+    assert sim.critical_path_bound() == pytest.approx(11.0)
+    assert sim.load_bound() == pytest.approx(7.0)
+    assert sim.interval_bound() == pytest.approx(12.0)  # 5 + 5 + 4 ops / 2 devices
+    assert sim.lower_bound() == pytest.approx(12.0)
+    best = min(sim.simulate(np.array(p)).step_time for p in
+               ([0, 0, 0, 1, 1, 0], [0, 0, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0]))
+    assert best >= sim.lower_bound()

@@ -112,6 +112,23 @@ def _bottom_levels(w, t_start, t_cons_ptr, t_cons, c_ptr, c_succ):
 
 
 @njit(cache=True, nogil=True)
+def _top_levels(w, t_start, t_cons_ptr, t_cons, c_ptr, c_succ):
+    """tl[i] = the longest path (sum of w) over op i's predecessors: the earliest op i can start."""
+    n = w.shape[0]
+    tl = np.zeros(n)
+    for i in range(n):
+        f = tl[i] + w[i]
+        for t in range(t_start[i], t_start[i + 1]):
+            for k in range(t_cons_ptr[t], t_cons_ptr[t + 1]):
+                if f > tl[t_cons[k]]:
+                    tl[t_cons[k]] = f
+        for k in range(c_ptr[i], c_ptr[i + 1]):
+            if f > tl[c_succ[k]]:
+                tl[c_succ[k]] = f
+    return tl
+
+
+@njit(cache=True, nogil=True)
 def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
                      t_start, t_op, t_bytes, t_cons_ptr, t_cons, in_ptr, in_tensor, c_ptr, c_succ, indeg,
                      persistent,
@@ -450,34 +467,62 @@ class Simulator:
 
     # ---- bounds -------------------------------------------------------------------------------------------
     def lower_bound(self) -> float:
-        """A valid lower bound on the step time of ANY placement on this cluster (the one reported):
-        max(critical path, fractional load bound), where
-        - critical path = the longest path when each op takes its fastest allowed device's time and transfers
-          are free;
-        - fractional load bound = the smallest T for which the ops' work can be split (fractionally, ops may be
-          cut) over the devices so that no device holds more than concurrency x T of work, each op's share
-          charged at that device's time (CPU-only ops only on CPUs). For a cluster of one accelerator kind plus
-          CPUs this is solved exactly (ops sorted by CPU/GPU time ratio, bisection on T); with several
-          accelerator kinds it falls back to sum(fastest op time) / sum(concurrency), which is weaker but valid.
-        Both ignore transfers, so the bound is loose when communication matters."""
+        """A valid lower bound on the step time of ANY placement on this cluster. Reported:
+        max(critical path, load bound, interval bound), where (all three ignore transfers, so they stay loose
+        when communication matters)
+        - critical path = the longest path when each op takes its fastest allowed device's time;
+        - load bound = the smallest T for which the ops' work can be split (fractionally: ops may be cut) over
+          the devices with no device holding more than concurrency x T, each share charged at that device's
+          time (CPU-only ops only on CPUs). Exact for one accelerator kind plus CPUs (ops sorted by CPU/GPU
+          time ratio, bisection on T); with several accelerator kinds it falls back to
+          sum(fastest op time) / sum(concurrency), weaker but valid;
+        - interval (energy) bound = max over thresholds a, b of a + b + load bound of the ops S that cannot
+          start before a (head: longest predecessor path, fastest times) and need at least b after they finish
+          (tail: longest successor path): all of S's work fits in [a, T - b]. Thresholds: quantiles of the
+          heads and tails. It dominates the other two at a = b = 0 and on single chains."""
         if self._lb is None:
-            self._lb = max(self.critical_path_bound(), self.load_bound())
+            self._lb = max(self.critical_path_bound(), self.load_bound(), self.interval_bound())
         return self._lb
+
+    def _fastest(self) -> np.ndarray:
+        fastest = np.where(self._allowed, self.cost, np.inf).min(axis=1)
+        return np.ascontiguousarray(np.where(np.isfinite(fastest), fastest, 0.0))
 
     def critical_path_bound(self) -> float:
         a = self.arrays
-        fastest = np.where(self._allowed, self.cost, np.inf).min(axis=1)
-        fastest = np.where(np.isfinite(fastest), fastest, 0.0)
-        bl = _bottom_levels(np.ascontiguousarray(fastest), a.t_start, a.t_cons_ptr, a.t_cons, a.c_ptr, a.c_succ)
+        bl = _bottom_levels(self._fastest(), a.t_start, a.t_cons_ptr, a.t_cons, a.c_ptr, a.c_succ)
         return float(bl.max()) if len(bl) else 0.0
 
-    def load_bound(self) -> float:
+    def interval_bound(self, quantiles: int = 12) -> float:
+        a = self.arrays
+        w = self._fastest()
+        if len(w) == 0:
+            return 0.0
+        head = _top_levels(w, a.t_start, a.t_cons_ptr, a.t_cons, a.c_ptr, a.c_succ)
+        tail = _bottom_levels(w, a.t_start, a.t_cons_ptr, a.t_cons, a.c_ptr, a.c_succ) - w
+        qs = np.linspace(0, 1, quantiles, endpoint=False)
+        hs = np.unique(np.quantile(head, qs, method="lower"))
+        ts = np.unique(np.quantile(tail, qs, method="lower"))
+        full = self.load_bound()
+        best = full
+        for h in hs:
+            for t in ts:
+                if h + t + full <= best:   # the load of a subset never exceeds the full load
+                    continue
+                mask = (head >= h) & (tail >= t)
+                if mask.any():
+                    best = max(best, h + t + self.load_bound(mask))
+        return float(best)
+
+    def load_bound(self, mask: np.ndarray | None = None) -> float:
         cost = np.where(self._allowed, self.cost, np.inf)
+        if mask is not None:
+            cost = cost[mask]
         n = cost.shape[0]
         if n == 0:
             return 0.0
         devs = self.cluster.devices
-        # columns grouped into classes of identical cost columns
+        # devices grouped into classes of identical cost columns
         classes: dict[bytes, list[int]] = {}
         for d in range(len(devs)):
             classes.setdefault(np.ascontiguousarray(cost[:, d]).tobytes(), []).append(d)
