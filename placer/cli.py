@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--placement", default="single")
     p.add_argument("--workers", help="measure on remote workers HOST:PORT,...")
     p.add_argument("--token-file")
+    p.add_argument("--tls-ca", help="PEM certificate to trust for workers started with --tls-cert (enables TLS)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a measurement is cut")
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-unsafe-ops", action="store_true",
                    help="accept graphs with ops outside the safe allowlist (file/process access)")
     p.add_argument("--devices", help="devices this worker measures on (default: all TF sees)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a measurement is cut (default 600)")
 
     p = sub.add_parser("bench", help="run baselines and the learned search per model x GPU count")
     p.add_argument("--models", default="rnnlm,nmt,nmt4,inception_v3")

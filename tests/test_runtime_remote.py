@@ -137,3 +137,34 @@ def test_killing_a_worker_mid_batch_still_returns_every_result(graph, workers):
             pool.evaluate(_placements(graph, 2))
     finally:
         pool.close()
+
+
+def test_tls_and_token_in_process(tmp_path):
+    import shutil
+    import subprocess
+
+    import grpc
+
+    from placer.runtime import placer_pb2, placer_pb2_grpc
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is needed to make a test certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
+    w = serve("127.0.0.1:0", token="tok", tls_cert=str(cert), tls_key=str(key), block=False)
+    try:
+        creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        with grpc.secure_channel(f"localhost:{w.port}", creds) as ch:
+            stub = placer_pb2_grpc.MeasurerStub(ch)
+            assert stub.Health(placer_pb2.HealthRequest(), timeout=10, metadata=(("x-placer-token", "tok"),)).ok
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Health(placer_pb2.HealthRequest(), timeout=10, metadata=(("x-placer-token", "tak"),))
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with grpc.insecure_channel(f"127.0.0.1:{w.port}") as ch:     # plaintext to a TLS port gets nowhere
+            with pytest.raises(grpc.RpcError):
+                placer_pb2_grpc.MeasurerStub(ch).Health(placer_pb2.HealthRequest(), timeout=3,
+                                                        metadata=(("x-placer-token", "tok"),))
+    finally:
+        w.stop()
