@@ -24,14 +24,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 
-def _median_wall(fn, repeats: int, min_seconds: float = 0.0) -> tuple[float, int]:
-    walls = []
+def _median_wall(fn, repeats: int, min_seconds: float = 0.0) -> tuple[float, int, float]:
+    """(median wall seconds, calls, median CPU seconds of this process) of fn()."""
+    walls, cpus = [], []
     t_end = time.perf_counter() + min_seconds
     while len(walls) < repeats or time.perf_counter() < t_end:
+        c0 = time.process_time()
         t0 = time.perf_counter()
         fn()
         walls.append(time.perf_counter() - t0)
-    return statistics.median(walls), len(walls)
+        cpus.append(time.process_time() - c0)
+    return statistics.median(walls), len(walls), statistics.median(cpus)
 
 
 def main(argv=None) -> int:
@@ -73,21 +76,26 @@ def main(argv=None) -> int:
     except (AttributeError, OSError):
         pinned = False
 
-    g_times, g_run = [], None
+    g_times, g_cpu, g_run = [], [], None
     for _ in range(args.grappler_runs):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         g_run, _ = grappler_measure(item, named)
         g_times.append(time.perf_counter() - t0)
+        g_cpu.append(time.process_time() - c0)
     g_wall = statistics.median(g_times)
 
     sim = Simulator(graph, cluster, table)
     sim.simulate(rand)  # compile / load the numba cache outside the timing
     r_single = sim.simulate(single)
     r_rand = sim.simulate(rand)
-    w_rand, n_rand = _median_wall(lambda: sim._run(sim.check(rand)), args.sim_runs, 1.0)
-    w_single, n_single = _median_wall(lambda: sim._run(sim.check(single)), args.sim_runs, 1.0)
+    w_rand, n_rand, c_rand = _median_wall(lambda: sim._run(sim.check(rand)), args.sim_runs, 1.0)
+    w_single, n_single, c_single = _median_wall(lambda: sim._run(sim.check(single)), args.sim_runs, 1.0)
     crit = Simulator(graph, cluster, table, order="critical")
-    w_crit, _ = _median_wall(lambda: crit._run(crit.check(rand)), args.sim_runs // 2, 0.5)
+    w_crit, _, _ = _median_wall(lambda: crit._run(crit.check(rand)), args.sim_runs // 2, 0.5)
+    t0 = time.perf_counter()
+    lb = sim.lower_bound()
+    t_lb = time.perf_counter() - t0
 
     if pinned:
         os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
@@ -104,13 +112,15 @@ def main(argv=None) -> int:
     out = {
         "model": args.model, "size": args.size, "cluster": cluster.name, "ops": graph.num_ops,
         "sim_ms_random": w_rand * 1e3, "sim_ms_single": w_single * 1e3, "sim_ms_critical_order": w_crit * 1e3,
+        "sim_cpu_ms_random": c_rand * 1e3, "sim_cpu_ms_single": c_single * 1e3,
         "sim_runs": n_rand, "grappler_measure_costs_ms": g_wall * 1e3, "grappler_runs": len(g_times),
+        "grappler_cpu_ms": statistics.median(g_cpu) * 1e3, "load_average_1min": os.getloadavg()[0],
         "speedup_vs_grappler": g_wall / w_rand,
         "placements_per_s_1_worker": thr[1], "placements_per_s_2_workers": thr[2],
         "single_gpu_step_s_sim": r_single.step_time, "single_gpu_step_s_grappler": g_run,
         "agreement_pct": 100.0 * abs(r_single.step_time - g_run) / g_run,
         "random_step_s_sim": r_rand.step_time, "random_transfer_bytes": r_rand.transfer_bytes,
-        "lower_bound_s": sim.lower_bound(), "pinned_one_core": pinned,
+        "lower_bound_s": lb, "lower_bound_ms_to_compute": t_lb * 1e3, "pinned_one_core": pinned,
         "build_s": t_build, "cost_table_s": t_costs, "cost_source": table.source,
     }
     if args.json:
@@ -123,10 +133,12 @@ def main(argv=None) -> int:
           f"{g_wall / w_rand:9.0f}x")
     print(f"  {'single-GPU step time':34}{r_single.step_time * 1e3:11.3f} ms{g_run * 1e3:11.3f} ms"
           f"   diff {out['agreement_pct']:.3f}%")
+    print(f"  {'CPU time per estimate (median)':34}{c_rand * 1e3:11.2f} ms{out['grappler_cpu_ms']:11.0f} ms"
+          f"{out['grappler_cpu_ms'] / 1e3 / c_rand:9.0f}x")
     print(f"  sim wall: random {w_rand * 1e3:.2f} ms, single {w_single * 1e3:.2f} ms, critical order "
-          f"{w_crit * 1e3:.2f} ms (median of {n_rand})")
+          f"{w_crit * 1e3:.2f} ms (median of {n_rand}); load average {out['load_average_1min']:.1f}")
     print(f"  random 4-way step {r_rand.step_time * 1e3:.3f} ms ({r_rand.transfer_bytes / 2**30:.2f} GiB moved) vs "
-          f"single {r_single.step_time * 1e3:.3f} ms; lower bound {sim.lower_bound() * 1e3:.3f} ms")
+          f"single {r_single.step_time * 1e3:.3f} ms; lower bound {lb * 1e3:.3f} ms ({t_lb:.1f} s to compute)")
     print(f"  SimEvaluator: {thr[1]:.0f} placements/s on 1 worker, {thr[2]:.0f} on 2")
     print(f"  targets: <= 10 ms/sim: {'OK' if w_rand <= 0.010 else 'MISSED'}; >= 300x Grappler: "
           f"{'OK' if g_wall / w_rand >= 300 else 'MISSED'}")
