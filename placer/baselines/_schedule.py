@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from numba import njit
+
 from placer.baselines._common import Problem, memory_error
 
 
@@ -107,55 +109,119 @@ def bottom_level(p: Problem) -> np.ndarray:
     return rank
 
 
+@njit(cache=True, nogil=True)
+def _etf_kernel(cost, allowed, group, group_mem, capacity, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx,
+                lat, inv_bw, prio, fav_parent, num_groups):  # pragma: no cover - compiled
+    n, D = cost.shape
+    free_at = np.zeros(D)
+    used = np.zeros(D, np.int64)
+    gdev = np.full(num_groups, -1, np.int64)
+    device = np.full(n, -1, np.int64)
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    indeg = np.zeros(n, np.int64)
+    for i in range(n):
+        indeg[i] = pred_ptr[i + 1] - pred_ptr[i]
+    r_ops = np.empty(n, np.int64)
+    r_dr = np.zeros((n, D))
+    m = 0
+    for i in range(n):
+        if indeg[i] == 0:
+            r_ops[m] = i
+            m += 1
+    for _ in range(n):
+        best_t, best_k, best_d = np.inf, -1, -1
+        for k in range(m):
+            i = r_ops[k]
+            g = group[i]
+            pin = gdev[g]
+            only = -1
+            fp = fav_parent[i]
+            if fp >= 0 and device[fp] >= 0:
+                pd = device[fp]
+                if allowed[i, pd] and (pin == pd or (pin < 0 and used[pd] + group_mem[g] <= capacity[pd])):
+                    only = pd
+            for d in range(D):
+                if (only >= 0 and d != only) or not allowed[i, d]:
+                    continue
+                if pin >= 0:
+                    if d != pin:
+                        continue
+                elif used[d] + group_mem[g] > capacity[d]:
+                    continue
+                t = max(r_dr[k, d], free_at[d])
+                if best_k < 0 or t < best_t:
+                    best_t, best_k, best_d = t, k, d
+                elif t == best_t and best_k != k:
+                    j = r_ops[best_k]
+                    if prio[i] > prio[j] or (prio[i] == prio[j] and i < j):
+                        best_t, best_k, best_d = t, k, d
+        if best_k < 0:
+            # every ready op is stuck: report the one with the highest priority
+            worst = r_ops[0]
+            for k in range(1, m):
+                i = r_ops[k]
+                if prio[i] > prio[worst] or (prio[i] == prio[worst] and i < worst):
+                    worst = i
+            return device, start, finish, worst
+        i, d = r_ops[best_k], best_d
+        g = group[i]
+        if gdev[g] < 0:
+            gdev[g] = d
+            used[d] += group_mem[g]
+        device[i] = d
+        start[i] = best_t
+        finish[i] = best_t + cost[i, d]
+        free_at[d] = max(free_at[d], finish[i])
+        m -= 1
+        r_ops[best_k] = r_ops[m]
+        for e in range(D):
+            r_dr[best_k, e] = r_dr[m, e]
+        for s in range(succ_ptr[i], succ_ptr[i + 1]):
+            j = succ_idx[s]
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                for e in range(D):
+                    r_dr[m, e] = 0.0
+                for q in range(pred_ptr[j], pred_ptr[j + 1]):
+                    a = pred_idx[q]
+                    da = device[a]
+                    for e in range(D):
+                        arr = finish[a] if e == da else finish[a] + lat[da, e] + pred_bytes[q] * inv_bw[da, e]
+                        if arr > r_dr[m, e]:
+                            r_dr[m, e] = arr
+                r_ops[m] = j
+                m += 1
+    return device, start, finish, -1
+
+
 def etf(p: Problem, *, favorite_parent: np.ndarray | None = None, what: str = "m_etf") -> Schedule:
     """Memory-constrained Earliest Task First (Hwang et al. 1989; Baechi's m-ETF).
 
     Repeatedly schedule the (ready op, feasible device) pair with the earliest start time
     `max(device free, inputs arrived)`; ties go to the op with the larger b-level, then the lower op index,
     then the lower device index. With `favorite_parent` (m-SCT), an op whose favorite parent is already
-    placed may only go to that parent's device when it fits there.
+    placed may only go to that parent's device when it fits there. The loop is numba-compiled.
     """
-    st = DeviceState(p)
     prio = bottom_level(p)
-    indeg = np.diff(p.pred_ptr).astype(np.int64)
-    cap = max(16, p.n)
-    r_ops = np.zeros(cap, np.int64)
-    r_dr = np.zeros((cap, p.D))
-    m = 0
-    for i in np.flatnonzero(indeg == 0):
-        r_ops[m] = i
-        r_dr[m] = 0.0
-        m += 1
-    dev_idx = np.arange(p.D)
-    for _ in range(p.n):
-        ops = r_ops[:m]
-        feas = st.feasible(ops)
-        if favorite_parent is not None:
-            fp = favorite_parent[ops]
-            has = fp >= 0
-            if has.any():
-                pd = np.where(has, st.device[np.maximum(fp, 0)], -1)
-                rows = np.flatnonzero((pd >= 0) & feas[np.arange(m), np.maximum(pd, 0)])
-                if len(rows):
-                    feas[rows] = dev_idx[None, :] == pd[rows, None]
-        est = np.maximum(r_dr[:m], st.free_at[None, :])
-        est[~feas] = np.inf
-        best_d = np.argmin(est, axis=1)
-        best_t = est[np.arange(m), best_d]
-        k = int(np.lexsort((ops, -prio[ops], best_t))[0])
-        i, d, t = int(ops[k]), int(best_d[k]), float(best_t[k])
-        if not np.isfinite(t):
-            # every ready op is stuck; report the one with the highest priority
-            k = int(np.lexsort((ops, -prio[ops]))[0])
-            raise st.fail(int(ops[k]), what)
-        st.place(i, d, t)
-        m -= 1
-        r_ops[k] = r_ops[m]
-        r_dr[k] = r_dr[m]
-        for j in p.succ_idx[p.succ_ptr[i]:p.succ_ptr[i + 1]]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                r_ops[m] = j
-                r_dr[m] = st.data_ready(int(j))
-                m += 1
-    return st.schedule()
+    fav = np.full(p.n, -1, np.int64) if favorite_parent is None else np.asarray(favorite_parent, np.int64)
+    device, start, finish, stuck = _etf_kernel(
+        np.ascontiguousarray(p.cost), np.ascontiguousarray(p.allowed), p.group.astype(np.int64),
+        p.group_mem.astype(np.int64), p.capacity.astype(np.int64), p.pred_ptr.astype(np.int64),
+        p.pred_idx.astype(np.int64), p.pred_bytes.astype(np.float64), p.succ_ptr.astype(np.int64),
+        p.succ_idx.astype(np.int64), np.ascontiguousarray(p.lat), np.ascontiguousarray(p.inv_bw), prio, fav,
+        int(p.num_groups))
+    if stuck >= 0:
+        st = DeviceState(p)
+        st.used[:] = memory_by_device(p, device)
+        raise st.fail(int(stuck), what)
+    return Schedule(device, start, finish)
+
+
+def memory_by_device(p: Problem, device: np.ndarray) -> np.ndarray:
+    """int64[D] memory reserved by the co-location groups placed so far (device -1 = not placed)."""
+    gdev = np.full(p.num_groups, -1, np.int64)
+    placed = device >= 0
+    gdev[p.group[placed]] = device[placed]
+    ok = gdev >= 0
+    return np.bincount(gdev[ok], weights=p.group_mem[ok], minlength=p.D).astype(np.int64)

@@ -63,27 +63,39 @@ def forward_name(name: str) -> str:
     return name
 
 
+_SCOPED = re.compile(r"^(?:(encoder|decoder)/)?(layer_(\d+)|embedding|attention)(?:/|$)")
+
+
 def layer_role(fwd: str) -> tuple[str, int] | None:
     """The role of a forward name in a layered sequence model: (stack, layer) with stack in
-    {"enc", "dec", "last"}, or None when not recognised.
+    {"enc", "dec", "last"}, or None when not recognised. The models' convention (`placer.graphs.models`) is
+    matched first (`encoder/layer_<i>/`, `decoder/embedding/`, `decoder/attention/`, `layer_<i>/`,
+    `softmax/`, `loss/`); other graphs fall back to looser matching anywhere in the name.
 
-    >>> layer_role("encoder/layer_2/lstm/MatMul"), layer_role("decoder/attention/Softmax")
+    >>> layer_role("encoder/layer_2/step_3/MatMul"), layer_role("decoder/attention/Softmax")
     (('enc', 2), ('dec', 0))
-    >>> layer_role("loss/Mean"), layer_role("decoder/embedding/Gather")
-    (('last', 0), ('dec', 0))
+    >>> layer_role("loss/Mean"), layer_role("decoder/embedding/lookup"), layer_role("layer_1/step_0/h")
+    (('last', 0), ('dec', 0), ('enc', 1))
     """
     low = fwd.lower()
     top = low.split("/", 1)[0]
+    m = _SCOPED.match(low)
+    if m:
+        stack = "dec" if m.group(1) == "decoder" else "enc"
+        if m.group(3) is not None:
+            return (stack, int(m.group(3)))
+        return ("dec", 0) if m.group(2) == "attention" else (stack, 0)
+    if top in ("softmax", "loss", "logits", "output_projection", "projection", "output"):
+        return ("last", 0)
     stack = "dec" if "decoder" in low else "enc"
     m = _LAYER.search(low)
-    if "attention" in low:
-        return ("dec", 0)
     if m:
         return (stack, int(m.group(1)))
+    if "attention" in low:
+        return ("dec", 0)
     if "embedding" in low:
         return (stack, 0)
-    if top in ("softmax", "loss", "logits", "output_projection", "projection", "output") or \
-            any(k in low for k in ("softmax", "/loss", "logits", "output_projection")):
+    if any(k in low for k in ("softmax", "/loss", "logits", "output_projection")):
         return ("last", 0)
     return None
 

@@ -3,7 +3,8 @@
 Rule: walk the ops in topological order and fill the GPUs one after another. A device takes ops until
 the next co-location group (its whole memory, reserved when its first op is met) would push it past
 `⌈total model memory / N⌉` (so memory spreads evenly) or past its capacity; then the walk moves on to the
-next GPU (an empty GPU always takes one group; the last GPU takes the rest up to its capacity). Baechi adds
+next GPU (an empty GPU always takes one group; the last GPU takes the rest up to its capacity; a group
+that fits nowhere on the way goes to the GPU with the most free memory). Baechi adds
 the largest group as slack to the per-device limit, which can leave the last GPUs empty; we do not. Ops of a group already placed follow their group; CPU-only ops go to the CPU.
 When the last GPU is full, PlacementError names the op, memory needed and available.
 """
@@ -49,8 +50,15 @@ def m_topo(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
             if used[d] == 0 and p.group_allowed[g, d] and used[d] + need <= p.capacity[d]:
                 break  # an empty device always takes one group (a group bigger than the limit)
             cur += 1
-        if cur >= len(gpus):
-            raise memory_error(p, int(g), used, gpus, "m_topo")
-        gdev[g] = gpus[cur]
-        used[gpus[cur]] += need
+        if cur < len(gpus):
+            d = gpus[cur]
+        else:
+            # past the last GPU: the GPU with the most free memory that can take the group (fragmentation)
+            cur = len(gpus) - 1
+            free = [p.capacity[e] - used[e] if p.group_allowed[g, e] else -1 for e in gpus]
+            d = gpus[int(np.argmax(free))]
+            if max(free) < need:
+                raise memory_error(p, int(g), used, gpus, "m_topo")
+        gdev[g] = d
+        used[d] += need
     return gdev[p.group]
