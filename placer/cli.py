@@ -127,6 +127,40 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _quiet_tensorflow() -> None:
+    """Import TensorFlow with its start-up chatter (CUDA probing on a GPU-less host, absl banners) sent to a
+    temp file; the chatter is replayed only if the import itself fails. Python-level TF warnings are muted."""
+    import os
+    import tempfile
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            import tensorflow as tf  # noqa: F401
+        except Exception:
+            os.dup2(saved, 2)
+            tmp.seek(0)
+            sys.stderr.write(tmp.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    tf.get_logger().setLevel(logging.ERROR)
+    try:
+        import absl.logging
+
+        absl.logging.set_verbosity(absl.logging.ERROR)
+    except ImportError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -135,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         ap.print_help()
         return 0
+    if not args.debug:
+        _quiet_tensorflow()
     mod, fn = COMMANDS[args.command].split(":")
     from placer.errors import PlacerError
 

@@ -225,7 +225,7 @@ def _balanced_runs(costs: np.ndarray, k: int) -> np.ndarray:
             lab[i] = g
         return g + 1, lab
 
-    lo, hi = max(float(costs.max()), float(costs.sum()) / k), float(costs.sum()) + 1e-12
+    lo, hi = 0.0, float(costs.sum()) + 1e-12  # heavy units may exceed the threshold: they form runs alone
     best = cut(hi)[1]
     for _ in range(40):
         mid = (lo + hi) / 2
