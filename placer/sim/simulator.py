@@ -384,6 +384,8 @@ class Simulator:
 
     costs: a CostTable, a float array [n, D] (seconds of op i on device d; `inf` = cannot run there) or
     [n] (same on every device), or None (the analytical table, cached).
+    Co-location groups are not enforced here (placements from a Grouping never split them); an op on a device
+    where its cost is `inf` (a CPU-only op on a GPU) is a PlacementError naming the op.
 
     >>> from placer.graphs.opgraph import OpGraph
     >>> from placer.sim.cluster import parse_cluster
@@ -407,6 +409,7 @@ class Simulator:
         self.conc = np.asarray([max(1, int(d.concurrency)) for d in cluster.devices], np.int64)
         self.capacity = np.asarray([d.capacity_bytes for d in cluster.devices], np.int64)
         self._allowed = np.isfinite(self.cost)
+        self._rows = np.arange(graph.num_ops)
         self._lb: float | None = None
 
     # ---- validation ---------------------------------------------------------------------------------------
@@ -424,7 +427,7 @@ class Simulator:
             i = int(bad[0])
             raise PlacementError(f"op {self.graph.names[i]!r} is placed on device index {int(p[i])}, but cluster "
                                  f"{self.cluster.name!r} has devices 0..{D - 1} ({', '.join(self.cluster.device_names)})")
-        ok = self._allowed[np.arange(n), p]
+        ok = self._allowed[self._rows, p]
         if not ok.all():
             i = int(np.flatnonzero(~ok)[0])
             raise PlacementError(f"op {self.graph.names[i]!r} ({self.graph.types[i]}) cannot run on "
