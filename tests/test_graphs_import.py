@@ -465,6 +465,13 @@ def test_tiny_nmt_runs_and_names():
     fwd = [n for n in g.names if not n.startswith(("gradients", "Adam", "beta", "train_op"))]
     unnamed = [n for n in fwd if not n.startswith(layers)]
     assert unnamed == [], unnamed[:10]
+    # gradient and update ops map to a layer once their prefix is stripped (only the backprop seed does not)
+    import re
+
+    stripped = [re.sub(r"^(gradients/|Adam/update_)", "", n) for n in g.names if n.startswith(("gradients/", "Adam/update_"))]
+    no_layer = sorted({n for n in stripped if not n.startswith(layers)})
+    assert no_layer == ["Shape", "grad_ys_0", "grad_ys_0/Const"], no_layer
+    assert sum(n.startswith("gradients/encoder/layer_0/kernel_grad/sum") for n in g.names) == 1
     out = run_meta_graph(g)
     assert np.isfinite(out[-1])
 

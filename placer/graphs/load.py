@@ -136,8 +136,14 @@ def runtime_spec(meta_graph_def) -> RuntimeSpec:
 
 
 def synthetic_feeds(spec: RuntimeSpec) -> dict[str, np.ndarray]:
-    """Zeros of each feed's dtype and shape, keyed by tensor name (``name:0``) for ``Session.run``."""
-    return {f"{n}:0": np.zeros(shape, dtype=np.dtype(dt) if dt != "bool" else bool) for n, (dt, shape) in spec.feeds.items()}
+    """Zeros of each feed's dtype and shape, keyed by tensor name (``name:0``) for ``Session.run``.
+
+    Zeros are valid token ids, labels and images; strings are empty.
+    """
+    import tensorflow as tf
+
+    return {f"{n}:0": (np.full(shape, b"", dtype=object) if dt == "string"
+                       else np.zeros(shape, dtype=tf.as_dtype(dt).as_numpy_dtype)) for n, (dt, shape) in spec.feeds.items()}
 
 
 # --------------------------------------------------------------------------------------------- public entry
@@ -231,6 +237,18 @@ def cache_dir() -> Path:
 
 
 def _tf_version() -> str:
+    """TensorFlow's version without importing it (a cache hit must not pay TF's import time)."""
+    import sys
+
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"].__version__
+    from importlib import metadata
+
+    for dist in ("tensorflow", "tensorflow-cpu", "tf-nightly"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
     import tensorflow as tf
 
     return tf.__version__
@@ -737,7 +755,7 @@ def _check_cycles(names: set[str], nodes: dict, where: str) -> None:
 
 
 def _convert(gd, fetches: list[str], *, batch_size: int | None, name: str, where: str,
-             var_values: dict[str, tuple[float, float]] | None = None) -> OpGraph:
+             var_values: dict[str, tuple[float, float]] | None = None, unknown_level: int = logging.WARNING) -> OpGraph:
     """GraphDef + fetch names -> pruned, checked, runnable OpGraph."""
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2
@@ -814,7 +832,7 @@ def _convert(gd, fetches: list[str], *, batch_size: int | None, name: str, where
         init_name = _add_initializers(g, var_ops - initialised, var_values or {}, init_roots)
     run_gd = g.as_graph_def()
 
-    ops_rec, edges, control, coloc = _records(g, keep, out_gd, where)
+    ops_rec, edges, control, coloc = _records(g, keep, out_gd, where, unknown_level)
     mg = _meta_graph(run_gd, fetches, feeds, init_name)
     return OpGraph.build(ops_rec, edges, control, colocate=coloc, name=name, fetches=fetches,
                          meta_graph=mg.SerializeToString(), fingerprint=fingerprint)
@@ -966,7 +984,7 @@ def _tensor_bytes(t, unknown: list) -> int:
     return int(size * n)
 
 
-def _records(g, keep: set[str], gd, where: str):
+def _records(g, keep: set[str], gd, where: str, unknown_level: int = logging.WARNING):
     import tensorflow as tf
     from tensorflow.python.framework import ops as tf_ops
 
@@ -1018,7 +1036,7 @@ def _records(g, keep: set[str], gd, where: str):
             coloc.append(members)
     if unknown:
         uniq = list(dict.fromkeys(unknown))
-        log.warning("%s: %d ops have outputs of unknown shape (counted with unknown dims = %d): %s%s", where,
+        log.log(unknown_level, "%s: %d ops have outputs of unknown shape (counted with unknown dims = %d): %s%s", where,
                     len(uniq), UNKNOWN_DIM_FALLBACK, uniq[:5], " ..." if len(uniq) > 5 else "")
     return ops_rec, edges, control, coloc
 

@@ -29,11 +29,11 @@ Every op name starts with its LAYER, one of:
   ``encoder/layer_0/bias``, ``encoder/embedding/embedding_matrix``, ``softmax/weights`` ...); variable reads
   sit under the reading op (``.../step_3/MatMul/ReadVariableOp``). Inputs: ``encoder/embedding/source_ids``,
   ``decoder/embedding/target_ids``, ``loss/labels`` (rnnlm: ``embedding/input_ids``, ``loss/labels``).
-* gradient ops (``tf.compat.v1.gradients``): ``gradients/<forward op name>_grad/...``, aggregation of several
-  gradients of one tensor ``gradients/AddN*`` and ``gradients/<forward op name>_grad/...`` -- strip the
-  leading ``gradients/`` (and any ``gradients_<k>/``) to find the layer; the few ops with no layer in their
-  name (``gradients/Shape``, ``gradients/grad_ys_0``, ``gradients/AddN_<k>``) belong to ``loss`` or follow their
-  inputs.
+* gradient ops (``tf.compat.v1.gradients``): ``gradients/<forward op name>_grad/...``; the sums that
+  aggregate several gradients of one tensor (TF names them ``gradients/AddN_<k>``) are renamed
+  ``gradients/<consumer's forward op>_grad/sum_<k>``, and a variable's summed gradient (one term per time step)
+  ``gradients/<variable name>_grad/sum_<k>``. Strip the leading ``gradients/`` to find the layer; only
+  ``gradients/Shape`` and ``gradients/grad_ys_0`` (the seed of backprop) carry no layer: they belong to ``loss``.
 * optimizer ops: Adam (nmt) ``Adam/update_<variable name>/...`` (e.g.
   ``Adam/update_decoder/layer_0/kernel/ResourceApplyAdam``), slots ``<variable name>/Adam`` and
   ``<variable name>/Adam_1``; shared ``beta1_power``/``beta2_power`` and ``Adam/...`` (no layer);
@@ -50,7 +50,7 @@ from typing import Callable
 from placer.errors import GraphImportError
 from placer.graphs.opgraph import OpGraph
 
-MODELS_VERSION = 1  # bump when a builder changes (invalidates cached builds)
+MODELS_VERSION = 4  # bump when a builder changes (invalidates cached builds)
 MODELS: tuple[str, ...] = ("inception_v3", "nmt", "nmt4", "rnnlm")
 SIZES = ("tiny", "full")
 

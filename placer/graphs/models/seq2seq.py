@@ -4,6 +4,8 @@ Naming convention: see the docstring of :mod:`placer.graphs.models`. Sizes: benc
 """
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass
 
 from placer.graphs.opgraph import OpGraph
@@ -46,6 +48,31 @@ def _lstm_vars(tf, scope: str, in_dim: int, hidden: int):
     return kernel, bias
 
 
+class _SoftmaxLoss:
+    """Per-step softmax projection (``softmax/step_<t>/``) and cross-entropy (``loss/step_<t>/``), mean over steps."""
+
+    def __init__(self, tf, H: int, V: int, B: int, T: int):
+        self.tf, self.T, self.losses = tf, T, []
+        with tf.name_scope("softmax/"):
+            self.w = _var(tf, "softmax/weights", [H, V])
+            self.b = _var(tf, "softmax/bias", [V], tf.compat.v1.zeros_initializer())
+        with tf.name_scope("loss/"):
+            labels = tf.compat.v1.placeholder(tf.int32, [B, T], name="labels")
+            self.labels = tf.unstack(labels, axis=1, name="unstack")
+
+    def step(self, x, t: int) -> None:
+        tf = self.tf
+        with tf.name_scope(f"softmax/step_{t}/"):
+            logits = tf.nn.bias_add(tf.matmul(x, self.w), self.b, name="logits")
+        with tf.name_scope(f"loss/step_{t}/"):
+            xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=self.labels[t], logits=logits)
+            self.losses.append(tf.reduce_mean(xent, name="mean"))
+
+    def total(self):
+        with self.tf.name_scope("loss/"):
+            return self.tf.math.divide(self.tf.add_n(self.losses), float(self.T), name="total")
+
+
 def _finish(tf, g, loss, optimizer, name: str) -> OpGraph:
     from placer.graphs.load import _convert
 
@@ -55,7 +82,47 @@ def _finish(tf, g, loss, optimizer, name: str) -> OpGraph:
         train = optimizer.apply_gradients(list(zip(grads, params)), name=type(optimizer).__name__.replace("Optimizer", ""))
         with tf.control_dependencies([train]):
             train_op = tf.no_op(name="train_op")
-    return _convert(g.as_graph_def(), ["train_op", loss.name], batch_size=None, name=name, where=f"model {name!r}")
+    gd = _name_gradient_sums(g.as_graph_def())
+    return _convert(gd, ["train_op", loss.name], batch_size=None, name=name, where=f"model {name!r}",
+                    unknown_level=logging.INFO)
+
+
+def _name_gradient_sums(gd):
+    """Rename tf.gradients' layer-less sums `gradients/AddN_<k>` to `gradients/<forward op>_grad/sum_<k>`.
+
+    A sum aggregates the gradients of one forward tensor and feeds that tensor's producer's gradient, so it is
+    renamed after its first consumer's `gradients/<forward op>_grad/` scope (keeps the naming convention total).
+    """
+    from placer.graphs.load import _op_name, _rename_inputs
+
+    consumers: dict[str, list[str]] = {}
+    for n in gd.node:
+        for i in n.input:
+            consumers.setdefault(_op_name(i), []).append(n.name)
+    names = {n.name for n in gd.node}
+    rename: dict[str, str] = {}
+    for n in gd.node:
+        m = re.fullmatch(r"gradients/AddN(_\d+)?", n.name)
+        if not m:
+            continue
+        scopes = []
+        for c in consumers.get(n.name, []):
+            x = re.match(r"(gradients/.+?_grad)/", c)
+            y = re.match(r"(?:Adam|GradientDescent)/update_(.+?)/(?:ResourceApply|Resource|mul|sub|add)", c)
+            if x:
+                scopes.append(x.group(1))
+            elif y:  # the summed gradient of a variable (one term per time step)
+                scopes.append(f"gradients/{y.group(1)}_grad")
+        if scopes:
+            new = f"{scopes[0]}/sum{m.group(1) or ''}"
+            if new not in names:
+                rename[n.name] = new
+                names.add(new)
+    for n in gd.node:
+        if n.name in rename:
+            n.name = rename[n.name]
+    _rename_inputs(gd, rename)
+    return gd
 
 
 def build_nmt(size: str, batch_size: int | None, *, num_layers: int = 2, name: str = "nmt") -> OpGraph:
@@ -99,16 +166,10 @@ def build_nmt(size: str, batch_size: int | None, *, num_layers: int = 2, name: s
             emb_tgt = _var(tf, "decoder/embedding/embedding_matrix", [V, H])
             ys = tf.unstack(tf.nn.embedding_lookup(emb_tgt, tgt, name="lookup"), axis=1, name="unstack")
         dec_vars = [_lstm_vars(tf, f"decoder/layer_{layer}", 2 * H if layer == 0 else H, H) for layer in range(L)]
-        with tf.name_scope("softmax/"):
-            w_soft = _var(tf, "softmax/weights", [H, V])
-            b_soft = _var(tf, "softmax/bias", [V], tf.compat.v1.zeros_initializer())
-        with tf.name_scope("loss/"):
-            labels = tf.compat.v1.placeholder(tf.int32, [B, T], name="labels")
-            label_steps = tf.unstack(labels, axis=1, name="unstack")
+        softmax_loss = _SoftmaxLoss(tf, H, V, B, T)
         with tf.name_scope("decoder/attention/"):
             att = tf.zeros([B, H], name="initial_attention")
         states = list(enc_states)
-        losses = []
         for t in range(T):
             inp = None
             with tf.name_scope(f"decoder/layer_0/step_{t}/"):
@@ -124,13 +185,8 @@ def build_nmt(size: str, batch_size: int | None, *, num_layers: int = 2, name: s
                 alpha = tf.nn.softmax(score, name="alignments")
                 ctx = tf.reduce_sum(tf.expand_dims(alpha, 2) * memory, axis=1, name="context")
                 att = tf.tanh(tf.matmul(tf.concat([inp, ctx], 1), w_out), name="attention")
-            with tf.name_scope(f"softmax/step_{t}/"):
-                logits = tf.nn.bias_add(tf.matmul(att, w_soft), b_soft, name="logits")
-            with tf.name_scope(f"loss/step_{t}/"):
-                xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=label_steps[t], logits=logits)
-                losses.append(tf.reduce_mean(xent, name="mean"))
-        with tf.name_scope("loss/"):
-            loss = tf.math.divide(tf.add_n(losses), float(T), name="total")
+            softmax_loss.step(att, t)
+        loss = softmax_loss.total()
         opt = tf.compat.v1.train.AdamOptimizer(1e-3)
     return _finish(tf, g, loss, opt, name)
 
@@ -158,20 +214,9 @@ def build_rnnlm(size: str, batch_size: int | None) -> OpGraph:
                 h, c = _lstm_step(tf, xs[t], h, c, kernel, bias, f"layer_{layer}/step_{t}/")
                 outs.append(h)
             xs = outs
-        with tf.name_scope("softmax/"):
-            w_soft = _var(tf, "softmax/weights", [H, V])
-            b_soft = _var(tf, "softmax/bias", [V], tf.compat.v1.zeros_initializer())
-        with tf.name_scope("loss/"):
-            labels = tf.compat.v1.placeholder(tf.int32, [B, T], name="labels")
-            label_steps = tf.unstack(labels, axis=1, name="unstack")
-        losses = []
+        softmax_loss = _SoftmaxLoss(tf, H, V, B, T)
         for t in range(T):
-            with tf.name_scope(f"softmax/step_{t}/"):
-                logits = tf.nn.bias_add(tf.matmul(xs[t], w_soft), b_soft, name="logits")
-            with tf.name_scope(f"loss/step_{t}/"):
-                xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=label_steps[t], logits=logits)
-                losses.append(tf.reduce_mean(xent, name="mean"))
-        with tf.name_scope("loss/"):
-            loss = tf.math.divide(tf.add_n(losses), float(T), name="total")
+            softmax_loss.step(xs[t], t)
+        loss = softmax_loss.total()
         opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
     return _finish(tf, g, loss, opt, "rnnlm")
