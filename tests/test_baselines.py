@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from placer.baselines import BASELINES, run_baseline
-from placer.baselines._common import memory_use, prepare
+from placer.baselines._common import memory_use, prepare, stand_in_costs
 from placer.baselines._schedule import etf
 from placer.baselines.expert import expert, forward_name
 from placer.baselines.m_sct import favorite_children
@@ -14,6 +14,15 @@ from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import Cluster, Device
 
 MEMORY_AWARE = ["metis", "scotch", "heft", "m_topo", "m_etf", "m_sct"]
+
+
+def rb(name: str, g: OpGraph, c: Cluster, costs=None, seed: int = 0) -> np.ndarray:
+    """run_baseline with the roofline stand-in costs (fast, no TensorFlow) unless costs are given."""
+    return run_baseline(name, g, c, costs=stand_in_costs(g, c) if costs is None else costs, seed=seed)
+
+
+def prep(g: OpGraph, c: Cluster):
+    return prepare(g, c, stand_in_costs(g, c))
 
 
 def make_cluster(n_gpus: int = 2, gpu_mem: int = 2**30, bw: float = 1e9, lat: float = 1e-5) -> Cluster:
@@ -61,7 +70,7 @@ def test_valid_colocated_cpu_only(name, graph):
     if name not in BASELINES:
         pytest.skip(f"{name} unavailable")
     c = make_cluster(2)
-    pl = run_baseline(name, graph, c, seed=3)
+    pl = rb(name, graph, c, seed=3)
     assert pl.shape == (graph.num_ops,) and pl.dtype == np.int64
     assert ((pl >= 0) & (pl < c.num_devices)).all()
     for g in np.unique(graph.colocation):  # co-location kept
@@ -76,12 +85,12 @@ def test_valid_colocated_cpu_only(name, graph):
 
 @pytest.mark.parametrize("name", ["metis", "heft", "m_etf", "m_sct", "m_topo", "random", "round_robin"])
 def test_uses_both_gpus(name, graph):
-    pl = run_baseline(name, graph, make_cluster(2))
+    pl = rb(name, graph, make_cluster(2))
     assert set(pl[~graph.cpu_only].tolist()) == {0, 1}
 
 
 def test_single_gpu_is_first_gpu(graph):
-    pl = run_baseline("single_gpu", graph, make_cluster(2))
+    pl = rb("single_gpu", graph, make_cluster(2))
     assert (pl[~graph.cpu_only] == 0).all()
 
 
@@ -89,12 +98,12 @@ def test_single_gpu_is_first_gpu(graph):
 def test_memory_respected_when_one_gpu_cannot_hold_the_model(name, graph):
     if name not in BASELINES:
         pytest.skip(f"{name} unavailable")
-    total_gpu = int(prepare(graph, make_cluster(2)).mem[~graph.cpu_only].sum())
+    total_gpu = int(prep(graph, make_cluster(2)).mem[~graph.cpu_only].sum())
     cap = int(total_gpu * 0.6)  # one GPU holds 60% of the model: two are needed
     c = make_cluster(2, gpu_mem=cap)
-    p = prepare(graph, c)
-    assert memory_use(p, run_baseline("single_gpu", graph, c))[0] > cap  # the naive placement does not fit
-    pl = run_baseline(name, graph, c)
+    p = prep(graph, c)
+    assert memory_use(p, rb("single_gpu", graph, c))[0] > cap  # the naive placement does not fit
+    pl = rb(name, graph, c)
     use = memory_use(p, pl)
     assert (use[:2] <= cap).all(), (name, use, cap)
 
@@ -103,10 +112,10 @@ def test_memory_respected_when_one_gpu_cannot_hold_the_model(name, graph):
 def test_memory_error_names_need_and_available(name, graph):
     if name not in BASELINES:
         pytest.skip(f"{name} unavailable")
-    total_gpu = int(prepare(graph, make_cluster(2)).mem[~graph.cpu_only].sum())
+    total_gpu = int(prep(graph, make_cluster(2)).mem[~graph.cpu_only].sum())
     c = make_cluster(2, gpu_mem=int(total_gpu * 0.4))  # both GPUs together hold 80%
     with pytest.raises(PlacementError, match=r"(needs|cannot fit).*(free|of)"):
-        run_baseline(name, graph, c)
+        rb(name, graph, c)
 
 
 def diamond():
@@ -129,14 +138,14 @@ def test_m_etf_matches_hand_computed_schedule():
     assert [int(s.device[idx[n]]) for n in "abcd"] == [0, 1, 0, 0]
     assert [float(s.start[idx[n]]) for n in "abcd"] == [0.0, 1.5, 1.0, 4.0]
     assert s.makespan == 5.0
-    assert run_baseline("m_etf", g, c, costs=cost).tolist() == s.device.tolist()
+    assert rb("m_etf", g, c, costs=cost).tolist() == s.device.tolist()
 
 
 def test_heft_on_diamond():
     g, c, cost = diamond()
     # ranks: d=1, b=2+0.5+1=3.5, c=3+0.5+1=4.5, a=1+0.5+4.5=6; order a, c, b, d.
     # a->GPU:0 [0,1]; c: EFT 0:4, 1:4.5 -> 0; b: EFT 0:6, 1:1.5+2=3.5 -> 1; d: 0: max(4,4)+1=5, 1: 4.5+1 -> 0.
-    pl = run_baseline("heft", g, c, costs=cost)
+    pl = rb("heft", g, c, costs=cost)
     assert [int(pl[g.index(n)]) for n in "abcd"] == [0, 1, 0, 0]
 
 
@@ -145,31 +154,31 @@ def test_m_sct_favorite_child_follows_heavy_edge():
     g = OpGraph.build([("a", "X", [100_000_000, 8], 0, 1e9), ("b", "X", 8, 0, 1e9), ("c", "X", 8, 0, 1e9)],
                       [("a", "b", 0), ("a", "c", 1)])
     c = make_cluster(2, bw=1e9, lat=1e-5)
-    p = prepare(g, c)
+    p = prep(g, c)
     fav = favorite_children(p)
     assert fav[g.index("b")] == g.index("a")
     assert fav[g.index("c")] == -1
-    pl = run_baseline("m_sct", g, c)
+    pl = rb("m_sct", g, c)
     assert pl[g.index("b")] == pl[g.index("a")]
 
 
 def test_m_topo_fills_devices_in_order():
     g = OpGraph.build([(f"op{i}", "X", 100) for i in range(6)], [(f"op{i}", f"op{i+1}") for i in range(5)])
-    pl = run_baseline("m_topo", g, make_cluster(3))
+    pl = rb("m_topo", g, make_cluster(3))
     assert pl.tolist() == [0, 0, 1, 1, 2, 2]  # 600 bytes, 200 per GPU, in topological order
 
 
 def test_random_is_seeded(graph):
     c = make_cluster(4)
-    a, b = run_baseline("random", graph, c, seed=1), run_baseline("random", graph, c, seed=1)
+    a, b = rb("random", graph, c, seed=1), rb("random", graph, c, seed=1)
     assert (a == b).all()
-    assert any((run_baseline("random", graph, c, seed=s) != a).any() for s in range(2, 6))
+    assert any((rb("random", graph, c, seed=s) != a).any() for s in range(2, 6))
 
 
 def test_metis_cuts_between_towers():
     # two independent towers of equal compute: min-cut puts each tower on its own GPU (only the loss is cut)
     g = two_tower_graph(layers=3)
-    pl = run_baseline("metis", g, make_cluster(2))
+    pl = rb("metis", g, make_cluster(2))
     towers = [{int(pl[i]) for i, n in enumerate(g.names) if n.startswith(t + "/") or f"update_{t}/" in n}
               for t in "ab"]
     assert all(len(t) == 1 for t in towers) and towers[0] != towers[1]
@@ -225,7 +234,8 @@ def nmt_like(layers: int = 4) -> OpGraph:
 def test_expert_layers_on_nmt_like_graph(n_gpus):
     L = 4
     g = nmt_like(L)
-    pl = expert(g, make_cluster(n_gpus))
+    c = make_cluster(n_gpus)
+    pl = expert(g, c, stand_in_costs(g, c))
     dev = {n: int(pl[i]) for i, n in enumerate(g.names)}
     for i in range(L):
         want = (i * n_gpus) // L
@@ -243,7 +253,8 @@ def test_expert_layers_on_nmt_like_graph(n_gpus):
 def test_expert_generic_rule_is_contiguous_and_balanced():
     names = [f"block{i}/conv" for i in range(8)]
     g = OpGraph.build([(n, "Conv2D", 100, 0, 1e9) for n in names], list(zip(names, names[1:])), name="custom")
-    pl = expert(g, make_cluster(4))
+    c = make_cluster(4)
+    pl = expert(g, c, stand_in_costs(g, c))
     assert pl.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
@@ -251,4 +262,53 @@ def test_expert_inception_is_single_gpu():
     names = [f"mixed_{i}/conv" for i in range(6)]
     g = OpGraph.build([(n, "Conv2D", 100, 0, 1e9) for n in names], list(zip(names, names[1:])),
                       name="inception_v3")
-    assert (expert(g, make_cluster(4)) == 0).all()
+    c = make_cluster(4)
+    assert (expert(g, c, stand_in_costs(g, c)) == 0).all()
+
+
+def test_memory_model_counts_saved_activations_and_remote_copies():
+    # fwd -> loss -> gradients/fwd_grad reads fwd's output (kept for backward); tmp is short-lived
+    g = OpGraph.build([("x", "Placeholder", 100), ("fwd", "MatMul", 1000, 0, 1e9), ("tmp", "Relu", 5000, 0, 1e9),
+                       ("loss", "Mean", 4, 0, 1e6), ("gradients/fwd_grad/MatMul", "MatMul", 10, 0, 1e9)],
+                      [("x", "fwd"), ("fwd", "tmp"), ("tmp", "loss"), ("loss", "gradients/fwd_grad/MatMul"),
+                       ("fwd", "gradients/fwd_grad/MatMul")])
+    c = make_cluster(2)
+    p = prep(g, c)
+    assert p.mem[g.index("fwd")] == 1000 and p.mem[g.index("tmp")] == 0  # kept vs short-lived
+    assert p.mem[g.index("x")] == 100  # a source: alive from the start of the step
+    assert p.capacity[0] == c.devices[0].capacity_bytes - 5000  # headroom for the largest short-lived tensor
+    together = np.zeros(g.num_ops, np.int64)
+    split = together.copy()
+    split[g.index("gradients/fwd_grad/MatMul")] = 1
+    assert memory_use(p, together)[:2].tolist() == [1104, 0]  # x + fwd + loss (read by the backward op)
+    assert memory_use(p, split)[:2].tolist() == [1104, 1004]  # the gradient's device holds copies
+
+
+def test_expert_on_tiny_nmt_model():
+    models = pytest.importorskip("placer.graphs.models")
+    g = models.build_model("nmt", "tiny")
+    c = make_cluster(2)
+    pl = expert(g, c, stand_in_costs(g, c))
+    dev = dict(zip(g.names, pl.tolist()))
+    single = np.bincount(g.colocation)[g.colocation] == 1  # ops not tied to another op's device
+    checked = 0
+    for i, name in enumerate(g.names):
+        if not single[i] or g.cpu_only[i]:
+            continue
+        fwd = forward_name(name)
+        for stack in ("encoder", "decoder"):
+            for layer in range(2):  # nmt: 2 layers per stack, 2 GPUs: layer i on GPU i
+                if fwd.startswith(f"{stack}/layer_{layer}/"):
+                    assert dev[name] == layer, name
+                    checked += 1
+        if fwd.startswith(("softmax/", "loss/")):
+            assert dev[name] == 1, name
+        if fwd.startswith(("decoder/attention/", "encoder/embedding/", "decoder/embedding/")):
+            assert dev[name] == 0, name
+    assert checked > 100
+    assert any(n.startswith("gradients/encoder/layer_1/") and dev[n] == 1 for n in dev)  # backward follows forward
+    for var in ("encoder/layer_1/kernel", "decoder/layer_1/bias", "softmax/weights"):
+        if var in dev:
+            assert dev[var] == 1, var
+    for gid in np.unique(g.colocation):
+        assert len(set(pl[g.colocation == gid].tolist())) == 1

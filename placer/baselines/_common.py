@@ -80,27 +80,56 @@ def cost_matrix(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
 _BACKWARD = re.compile(r"^gradients(_\d+)?/")
 
 
-def op_memory(graph: OpGraph) -> tuple[np.ndarray, int]:
-    """(bytes each op holds on its device for the step, transient headroom bytes).
+@dataclass
+class MemoryModel:
+    """Per-op resident bytes and the long-lived tensors each op reads (see `op_memory`).
 
-    Training graphs (ops under `gradients/`, TF's convention): persistent bytes (variables, optimizer slots)
-    + the op's output tensors that the backward pass reads (the activations kept from the forward pass until
-    their gradient runs). Other tensors live only briefly; the largest of them is returned as headroom each
-    device keeps free. On the built-in models this estimate is within 2% of the simulator's single-GPU peak
-    (nmt 13.6 vs 13.5 GiB, rnnlm 21.1 vs 21.1 GiB), where summing every output (Baechi's conservative
-    `persistent + output bytes`) overestimates it 2.5x. Graphs without backward ops fall back to Baechi's sum.
+    A long-lived tensor read on another device is copied there when its producer finishes and the copy
+    lives until its consumer runs (the simulator's semantics), so placements that split a producer from its
+    late consumers pay the bytes twice: `kin_ptr/kin_tensor` (CSR over consumer ops) list those tensors.
     """
+
+    mem: np.ndarray         # int64[n]
+    headroom: int           # bytes every device keeps free for short-lived tensors
+    kin_ptr: np.ndarray     # int64[n+1]
+    kin_tensor: np.ndarray  # int64[K]
+
+
+def op_memory(graph: OpGraph) -> MemoryModel:
+    """The memory model every memory-aware baseline shares.
+
+    Training graphs (ops under `gradients/`, TF's convention): a tensor is *long-lived* when the backward
+    pass reads it (an activation kept from the forward pass until its gradient runs) or when its producer
+    only reads sources (variable reads, constants: they run at the start of the step, so their outputs wait
+    for their consumers from then on). An op holds its persistent bytes (variables, optimizer slots) + its
+    long-lived outputs, and every other device that consumes one of them holds a copy (received when the
+    producer finishes, freed when its consumer runs). Other tensors live only briefly; the largest of them
+    is the headroom each device keeps free. On the built-in models the single-GPU figure is within 2% of the
+    simulator's peak (nmt 13.6 vs 13.5 GiB, rnnlm 21.1 vs 21.1 GiB), where summing every output (Baechi's
+    conservative `persistent + output bytes`) overestimates it 2.5x. Graphs without backward ops fall back
+    to Baechi's sum.
+    """
+    n = graph.num_ops
     pers = np.asarray(graph.persistent_bytes, np.int64)
-    backward = np.fromiter((bool(_BACKWARD.match(nm)) for nm in graph.names), bool, graph.num_ops)
+    backward = np.fromiter((bool(_BACKWARD.match(nm)) for nm in graph.names), bool, n)
     if not backward.any():
-        return pers + np.asarray(graph.out_bytes, np.int64), 0
-    sel = backward[graph.edge_dst] & ~backward[graph.edge_src]
-    kept = np.zeros(len(graph.tensor_bytes), bool)
-    kept[graph.edge_tensor[sel]] = True
+        return MemoryModel(pers + np.asarray(graph.out_bytes, np.int64), 0, np.zeros(n + 1, np.int64),
+                           np.zeros(0, np.int64))
+    es, ed, et = (np.asarray(a, np.int64) for a in (graph.edge_src, graph.edge_dst, graph.edge_tensor))
+    cs, cd = np.asarray(graph.ctrl_src, np.int64), np.asarray(graph.ctrl_dst, np.int64)
+    source = (np.bincount(ed, minlength=n) + np.bincount(cd, minlength=n)) == 0
+    non_source_in = np.bincount(ed[~source[es]], minlength=n) + np.bincount(cd[~source[cs]], minlength=n)
+    early = source | (non_source_in == 0)
+    t_op = np.asarray(graph.tensor_op, np.int64)
+    kept = early[t_op].copy()
+    kept[et[backward[ed] & ~backward[es]]] = True
     tb = np.asarray(graph.tensor_bytes, np.int64)
-    saved = np.bincount(graph.tensor_op[kept], weights=tb[kept], minlength=graph.num_ops).astype(np.int64)
+    saved = np.bincount(t_op[kept], weights=tb[kept], minlength=n).astype(np.int64)
     headroom = int(tb[~kept].max()) if (~kept).any() else 0
-    return pers + saved, headroom
+    sel = kept[et]
+    order = np.argsort(ed[sel], kind="stable")
+    kin_ptr = np.searchsorted(ed[sel][order], np.arange(n + 1)).astype(np.int64)
+    return MemoryModel(pers + saved, headroom, kin_ptr, et[sel][order])
 
 
 @dataclass
@@ -119,7 +148,11 @@ class Problem:
     group_allowed: np.ndarray  # bool[G, D] intersection of its ops' allowed devices
     group_first: np.ndarray   # int[G] first op (topological index) of each group
     mem: np.ndarray           # int64[n] per-op bytes
-    capacity: np.ndarray      # int64[D] memory - reserve
+    capacity: np.ndarray      # int64[D] memory - reserve - headroom
+    kin_ptr: np.ndarray       # int64[n+1] long-lived tensors each op reads (copied when remote)
+    kin_tensor: np.ndarray
+    t_op: np.ndarray          # int64[T] producer of each tensor
+    t_bytes: np.ndarray       # int64[T]
     # predecessors in CSR form (data + control, merged per (pred, op) pair; bytes summed)
     pred_ptr: np.ndarray
     pred_idx: np.ndarray
@@ -196,7 +229,8 @@ def prepare(graph: OpGraph, cluster: Cluster, costs=None) -> Problem:
         raise PlacementError(f"op {graph.names[op]!r} (co-location group of {int((group == bad[0]).sum())} ops) "
                              f"has no device in cluster {cluster.name!r} on which all its ops can run")
     allowed = group_allowed[group]
-    mem, headroom = op_memory(graph)
+    mm = op_memory(graph)
+    mem = mm.mem
     group_mem = np.bincount(group, weights=mem, minlength=G).astype(np.int64)
     group_first = np.full(G, n, np.int64)
     np.minimum.at(group_first, group, np.arange(n))
@@ -221,10 +255,11 @@ def prepare(graph: OpGraph, cluster: Cluster, costs=None) -> Problem:
     np.fill_diagonal(inv_bw, 0.0)
     lat = np.asarray(cluster.latency, np.float64).copy()
     np.fill_diagonal(lat, 0.0)
-    capacity = np.asarray([d.capacity_bytes for d in cluster.devices], np.int64) - headroom
+    capacity = np.asarray([d.capacity_bytes for d in cluster.devices], np.int64) - mm.headroom
     return Problem(graph=graph, cluster=cluster, cost=cost, allowed=allowed, gpus=gpus, cpu=cpu, group=group,
                    num_groups=G, group_mem=group_mem, group_allowed=group_allowed, group_first=group_first,
-                   mem=mem, capacity=capacity,
+                   mem=mem, capacity=capacity, kin_ptr=mm.kin_ptr, kin_tensor=mm.kin_tensor,
+                   t_op=np.asarray(graph.tensor_op, np.int64), t_bytes=np.asarray(graph.tensor_bytes, np.int64),
                    pred_ptr=pred_ptr, pred_idx=src[order], pred_bytes=byt[order],
                    succ_ptr=succ_ptr, succ_idx=dst[order_s], succ_bytes=byt[order_s],
                    inv_bw=inv_bw, lat=lat)
@@ -239,23 +274,36 @@ def group_fixed_device(p: Problem) -> np.ndarray:
     return fixed
 
 
-def memory_error(p: Problem, g: int, used: np.ndarray, devices, what: str) -> PlacementError:
-    """A PlacementError naming the group's first op, its bytes and the best free memory among `devices`."""
+def memory_error(p: Problem, g: int, used: np.ndarray, devices, what: str, need=None) -> PlacementError:
+    """A PlacementError naming the group's first op, the bytes it needs (an int, or per device int64[D];
+    default: the group's resident bytes) and the free memory of the device closest to fitting it."""
     devices = list(devices)
+    need_d = np.broadcast_to(np.asarray(p.group_mem[g] if need is None else need, np.int64), (p.D,))
     free = p.capacity[devices] - used[devices] if devices else np.zeros(1, np.int64)
-    best = int(np.argmax(free))
+    best = int(np.argmax(free - need_d[devices])) if devices else 0
     op = int(p.group_first[g])
     dev_name = p.cluster.devices[devices[best]].name if devices else "(none)"
+    nb = int(need_d[devices[best]]) if devices else int(need_d[0])
     return PlacementError(
         f"{what}: op {p.graph.names[op]!r} (co-location group of {int((p.group == g).sum())} ops) needs "
-        f"{_fmt_bytes(p.group_mem[g])} but at most {_fmt_bytes(max(int(free[best]), 0))} is free "
-        f"(on {dev_name}); the model needs {_fmt_bytes(int(p.mem.sum()))} in total and the cluster's devices hold "
+        f"{_fmt_bytes(nb)} on {dev_name} but only {_fmt_bytes(max(int(free[best]), 0))} is free there (the "
+        f"closest fit); the model needs about {_fmt_bytes(int(p.mem.sum()))} and the devices hold "
         f"{_fmt_bytes(int(p.capacity[devices].sum()) if devices else 0)}")
 
 
 def memory_use(p: Problem, placement: np.ndarray) -> np.ndarray:
-    """Estimated bytes per device (int64[D]) of a placement under the shared memory model."""
-    return np.bincount(placement, weights=p.mem, minlength=p.D).astype(np.int64)
+    """Estimated bytes per device (int64[D]) of a complete placement: resident bytes of its ops + one copy
+    of each kept tensor per other device whose backward ops read it."""
+    a = np.asarray(placement, np.int64)
+    use = np.bincount(a, weights=p.mem, minlength=p.D)
+    if len(p.kin_tensor):
+        cons = np.repeat(np.arange(p.n), np.diff(p.kin_ptr))
+        t = p.kin_tensor
+        dc, dp = a[cons], a[p.t_op[t]]
+        remote = dc != dp
+        pairs = np.unique(t[remote] * p.D + dc[remote])
+        use += np.bincount(pairs % p.D, weights=p.t_bytes[pairs // p.D], minlength=p.D)
+    return use.astype(np.int64)
 
 
 def check_placement(p: Problem, placement: np.ndarray, *, check_memory: bool = False, what: str = "placement"
@@ -342,30 +390,32 @@ def to_int_weights(x: np.ndarray, total: float = 2**28) -> np.ndarray:
 
 
 def rebalance_memory(prob: Problem, group_device: np.ndarray, what: str) -> np.ndarray:
-    """Move free groups off devices whose estimated memory exceeds capacity, onto the GPU with the most free
-    memory, largest groups first. Raises PlacementError (memory needed vs available) when impossible."""
+    """Move free groups off GPUs whose estimated memory (`memory_use`) exceeds capacity onto the GPU with the
+    most free memory, largest groups first. Raises PlacementError (memory needed vs available) when the
+    model still does not fit."""
     gd = np.asarray(group_device, np.int64).copy()
-    used = np.bincount(gd, weights=prob.group_mem, minlength=prob.D).astype(np.int64)
     fixed = group_fixed_device(prob)
-    gpus = list(prob.gpus)
+    gpus = np.asarray(prob.gpus)
+    used = memory_use(prob, gd[prob.group])
     for d in gpus:
         if used[d] <= prob.capacity[d]:
             continue
         movable = np.flatnonzero((gd == d) & (fixed < 0))
-        # move the groups with the most memory first (fewest moves)
         for g in movable[np.argsort(-prob.group_mem[movable], kind="stable")]:
             if used[d] <= prob.capacity[d]:
                 break
-            free = np.array([prob.capacity[e] - used[e] if e != d and prob.group_allowed[g, e] else -1
-                             for e in gpus])
-            e = gpus[int(np.argmax(free))]
+            free = np.where(prob.group_allowed[g, gpus] & (gpus != d), prob.capacity[gpus] - used[gpus], -1)
             if free.max() < prob.group_mem[g]:
                 continue
+            e = int(gpus[int(np.argmax(free))])
             gd[g] = e
-            used[d] -= prob.group_mem[g]
-            used[e] += prob.group_mem[g]
+            after = memory_use(prob, gd[prob.group])
+            if after[e] > prob.capacity[e]:
+                gd[g] = d  # the copies it drags along do not fit there either
+                continue
+            used = after
         if used[d] > prob.capacity[d]:
-            need, have = int(used.sum()), int(prob.capacity[gpus].sum())
+            need, have = int(prob.mem.sum()), int(prob.capacity[gpus].sum())
             raise PlacementError(f"{what}: cannot fit the model in GPU memory: {prob.cluster.devices[d].name} "
                                  f"still needs {_fmt_bytes(used[d])} of {_fmt_bytes(prob.capacity[d])} after "
                                  f"re-balancing (model {_fmt_bytes(need)}, GPUs hold {_fmt_bytes(have)})")

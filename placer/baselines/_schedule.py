@@ -39,6 +39,7 @@ class DeviceState:
     free_at: np.ndarray = field(init=False)
     used: np.ndarray = field(init=False)
     group_dev: np.ndarray = field(init=False)
+    charged: np.ndarray = field(init=False)
     device: np.ndarray = field(init=False)
     start: np.ndarray = field(init=False)
     finish: np.ndarray = field(init=False)
@@ -48,18 +49,31 @@ class DeviceState:
         self.free_at = np.zeros(p.D)
         self.used = np.zeros(p.D, np.int64)
         self.group_dev = np.full(p.num_groups, -1, np.int64)
+        self.charged = np.zeros((len(p.t_bytes), p.D), bool)  # kept tensor t has a copy on device d
         self.device = np.full(p.n, -1, np.int64)
         self.start = np.zeros(p.n)
         self.finish = np.zeros(p.n)
 
-    def feasible(self, ops: np.ndarray) -> np.ndarray:
-        """bool[len(ops), D]: devices each op may go to now (allowed, pinned group, memory fits)."""
+    def copies(self, i: int) -> np.ndarray:
+        """int64[D]: bytes of kept tensors op i would have to copy onto each device (not there yet)."""
         p = self.p
-        g = p.group[ops]
+        out = np.zeros(p.D, np.int64)
+        for t in p.kin_tensor[p.kin_ptr[i]:p.kin_ptr[i + 1]]:
+            miss = ~self.charged[t]
+            miss[self.device[p.t_op[t]]] = False
+            out[miss] += p.t_bytes[t]
+        return out
+
+    def feasible(self, i: int) -> np.ndarray:
+        """bool[D]: devices op i may go to now (allowed, pinned group, memory incl. copies fits)."""
+        p = self.p
+        g = p.group[i]
         pin = self.group_dev[g]
-        fits = self.used[None, :] + p.group_mem[g][:, None] <= p.capacity[None, :]
-        pinned = np.arange(p.D)[None, :] == pin[:, None]
-        return p.allowed[ops] & np.where(pin[:, None] >= 0, pinned, fits)
+        need = self.copies(i) + (p.group_mem[g] if pin < 0 else 0)
+        ok = p.allowed[i] & (self.used + need <= p.capacity)
+        if pin >= 0:
+            ok &= np.arange(p.D) == pin
+        return ok
 
     def data_ready(self, i: int) -> np.ndarray:
         """float64[D]: when all of op i's inputs could be on each device (predecessors already scheduled)."""
@@ -79,6 +93,10 @@ class DeviceState:
         if self.group_dev[g] < 0:
             self.group_dev[g] = d
             self.used[d] += p.group_mem[g]
+        self.used[d] += self.copies(i)[d]
+        for t in p.kin_tensor[p.kin_ptr[i]:p.kin_ptr[i + 1]]:
+            if self.device[p.t_op[t]] != d:
+                self.charged[t, d] = True
         self.device[i] = d
         self.start[i] = start
         self.finish[i] = start + p.cost[i, d]
@@ -87,8 +105,10 @@ class DeviceState:
     def fail(self, i: int, what: str):
         """The PlacementError for op i having no feasible device (memory needed vs available)."""
         p = self.p
+        g = int(p.group[i])
         devs = np.flatnonzero(p.allowed[i])
-        return memory_error(p, int(p.group[i]), self.used, devs, what)
+        need = self.copies(i) + (p.group_mem[g] if self.group_dev[g] < 0 else 0)
+        return memory_error(p, g, self.used, devs, what, need=need)
 
     def schedule(self) -> Schedule:
         return Schedule(self.device.copy(), self.start.copy(), self.finish.copy())
@@ -110,12 +130,24 @@ def bottom_level(p: Problem) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
+def _copy_bytes(i, d, kin_ptr, kin_tensor, t_op, t_bytes, device, charged):  # pragma: no cover - compiled
+    extra = 0
+    for q in range(kin_ptr[i], kin_ptr[i + 1]):
+        t = kin_tensor[q]
+        if device[t_op[t]] != d and not charged[t, d]:
+            extra += t_bytes[t]
+    return extra
+
+
+@njit(cache=True, nogil=True)
 def _etf_kernel(cost, allowed, group, group_mem, capacity, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx,
-                lat, inv_bw, prio, fav_parent, num_groups):  # pragma: no cover - compiled
+                lat, inv_bw, prio, fav_parent, num_groups, kin_ptr, kin_tensor, t_op, t_bytes
+                ):  # pragma: no cover - compiled
     n, D = cost.shape
     free_at = np.zeros(D)
     used = np.zeros(D, np.int64)
     gdev = np.full(num_groups, -1, np.int64)
+    charged = np.zeros((len(t_bytes), D), np.bool_)
     device = np.full(n, -1, np.int64)
     start = np.zeros(n)
     finish = np.zeros(n)
@@ -139,15 +171,20 @@ def _etf_kernel(cost, allowed, group, group_mem, capacity, pred_ptr, pred_idx, p
             fp = fav_parent[i]
             if fp >= 0 and device[fp] >= 0:
                 pd = device[fp]
-                if allowed[i, pd] and (pin == pd or (pin < 0 and used[pd] + group_mem[g] <= capacity[pd])):
+                need = _copy_bytes(i, pd, kin_ptr, kin_tensor, t_op, t_bytes, device, charged)
+                if pin < 0:
+                    need += group_mem[g]
+                if allowed[i, pd] and (pin == pd or pin < 0) and used[pd] + need <= capacity[pd]:
                     only = pd
             for d in range(D):
                 if (only >= 0 and d != only) or not allowed[i, d]:
                     continue
-                if pin >= 0:
-                    if d != pin:
-                        continue
-                elif used[d] + group_mem[g] > capacity[d]:
+                if pin >= 0 and d != pin:
+                    continue
+                need = _copy_bytes(i, d, kin_ptr, kin_tensor, t_op, t_bytes, device, charged)
+                if pin < 0:
+                    need += group_mem[g]
+                if used[d] + need > capacity[d]:
                     continue
                 t = max(r_dr[k, d], free_at[d])
                 if best_k < 0 or t < best_t:
@@ -169,6 +206,11 @@ def _etf_kernel(cost, allowed, group, group_mem, capacity, pred_ptr, pred_idx, p
         if gdev[g] < 0:
             gdev[g] = d
             used[d] += group_mem[g]
+        for q in range(kin_ptr[i], kin_ptr[i + 1]):
+            t = kin_tensor[q]
+            if device[t_op[t]] != d and not charged[t, d]:
+                charged[t, d] = True
+                used[d] += t_bytes[t]
         device[i] = d
         start[i] = best_t
         finish[i] = best_t + cost[i, d]
@@ -210,10 +252,13 @@ def etf(p: Problem, *, favorite_parent: np.ndarray | None = None, what: str = "m
         p.group_mem.astype(np.int64), p.capacity.astype(np.int64), p.pred_ptr.astype(np.int64),
         p.pred_idx.astype(np.int64), p.pred_bytes.astype(np.float64), p.succ_ptr.astype(np.int64),
         p.succ_idx.astype(np.int64), np.ascontiguousarray(p.lat), np.ascontiguousarray(p.inv_bw), prio, fav,
-        int(p.num_groups))
+        int(p.num_groups), p.kin_ptr.astype(np.int64), p.kin_tensor.astype(np.int64), p.t_op, p.t_bytes)
     if stuck >= 0:
         st = DeviceState(p)
+        st.device[:] = device
         st.used[:] = memory_by_device(p, device)
+        placed = device >= 0
+        st.group_dev[p.group[placed]] = device[placed]
         raise st.fail(int(stuck), what)
     return Schedule(device, start, finish)
 

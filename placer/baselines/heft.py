@@ -33,7 +33,7 @@ def heft(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
     st = DeviceState(p)
     for i in order:
         i = int(i)
-        feas = st.feasible(np.array([i]))[0]
+        feas = st.feasible(i)
         if not feas.any():
             raise st.fail(i, "heft")
         est = np.maximum(st.data_ready(i), st.free_at)

@@ -37,28 +37,47 @@ def m_topo(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
     gdev = fixed.copy()
     for g in np.flatnonzero(fixed >= 0):
         used[fixed[g]] += p.group_mem[g]
+    ops_of = np.argsort(p.group, kind="stable")
+    ops_ptr = np.searchsorted(p.group[ops_of], np.arange(p.num_groups + 1))
+    charged: set[tuple[int, int]] = set()  # (kept tensor, device) copies already counted
+
+    def copies(g: int, d: int) -> list[int]:
+        """Kept tensors the group's backward ops would copy onto d (producer placed elsewhere, not there yet)."""
+        out = []
+        for i in ops_of[ops_ptr[g]:ops_ptr[g + 1]]:
+            for t in p.kin_tensor[p.kin_ptr[i]:p.kin_ptr[i + 1]]:
+                pd = gdev[p.group[p.t_op[t]]]
+                if pd >= 0 and pd != d and (int(t), d) not in charged:
+                    out.append(int(t))
+        return out
+
+    def need(g: int, d: int) -> int:
+        return int(p.group_mem[g]) + int(sum(p.t_bytes[t] for t in set(copies(g, d))))
+
     cur = 0
     for g in np.argsort(p.group_first, kind="stable"):  # groups in the topological order of their first op
         if gdev[g] >= 0:
             continue
-        need = int(p.group_mem[g])
         while cur < len(gpus):
             d = gpus[cur]
             last = cur == len(gpus) - 1
-            if p.group_allowed[g, d] and used[d] + need <= p.capacity[d] and (last or used[d] + need <= limit):
-                break
-            if used[d] == 0 and p.group_allowed[g, d] and used[d] + need <= p.capacity[d]:
-                break  # an empty device always takes one group (a group bigger than the limit)
+            nd = need(g, d)
+            fits = p.group_allowed[g, d] and used[d] + nd <= p.capacity[d]
+            if fits and (last or used[d] + nd <= limit or used[d] == 0):
+                break  # (an empty device always takes one group, even one bigger than the limit)
             cur += 1
         if cur < len(gpus):
             d = gpus[cur]
         else:
             # past the last GPU: the GPU with the most free memory that can take the group (fragmentation)
             cur = len(gpus) - 1
-            free = [p.capacity[e] - used[e] if p.group_allowed[g, e] else -1 for e in gpus]
+            free = [p.capacity[e] - used[e] - need(g, e) if p.group_allowed[g, e] else -1 for e in gpus]
             d = gpus[int(np.argmax(free))]
-            if max(free) < need:
-                raise memory_error(p, int(g), used, gpus, "m_topo")
+            if max(free) < 0:
+                needs = np.zeros(p.D, np.int64)
+                needs[gpus] = [need(g, e) for e in gpus]
+                raise memory_error(p, int(g), used, gpus, "m_topo", need=needs)
+        used[d] += need(g, d)
+        charged.update((t, d) for t in copies(g, d))
         gdev[g] = d
-        used[d] += need
     return gdev[p.group]
