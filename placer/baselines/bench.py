@@ -1,0 +1,360 @@
+"""`placer bench`: every baseline and the learned search per cell (model × GPU count), the paper's table.
+
+For each cell: build the model (`placer.graphs.models.build_model(name, size)`), the cluster `NxKIND`, the
+cost table and ONE simulator; run every baseline of `placer.baselines.BASELINES` and simulate each with that
+simulator (null when it runs out of memory or cannot be built); run the learned search with the same cost
+table (`placer.api.place`, budget seconds per cell) and re-simulate its returned placement with the same
+simulator. After each cell `DIR/results.json` (a list of cells, keys as in CLI.md) is rewritten, so a rerun
+skips the cells already there with the same settings; then `DIR/RESULTS.md` and the figures are regenerated
+from results.json.
+
+Cell keys: model, gpus, kind, baselines {name: seconds | null}, rl_s (the placement the search returned:
+never worse than the best baseline it knows), search_best_s (the best the policy itself sampled),
+lower_bound_s, search_wall_s; extra: settings, rl_from, baseline_wall_s, baseline_errors, evaluations,
+ops, cost_source, date, machine.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from placer.errors import PlacerError, SearchError
+
+log = logging.getLogger(__name__)
+
+# table columns: (key in baselines, header), in the paper's order, then the list schedulers
+PAPER_COLUMNS = [("single_cpu", "Single-CPU"), ("single_gpu", "Single-GPU")]
+GPU_COLUMNS = [("scotch", "Scotch"), ("metis", "MinCut"), ("expert", "Expert")]
+EXTRA_COLUMNS = [("heft", "HEFT"), ("m_topo", "m-TOPO"), ("m_etf", "m-ETF"), ("m_sct", "m-SCT")]
+# what counts as "a baseline" for the speedup (random/round_robin are sanity checks, not baselines of the paper)
+SPEEDUP_BASELINES = ("single_cpu", "single_gpu", "scotch", "metis", "expert", "heft", "m_topo", "m_etf", "m_sct")
+RESULT_KEYS = ("model", "gpus", "kind", "baselines", "rl_s", "search_best_s", "lower_bound_s", "search_wall_s")
+
+
+@dataclass
+class CellSettings:
+    model: str
+    gpus: int
+    kind: str
+    size: str
+    reward: str
+    budget: float
+    seed: int
+
+    def key(self) -> dict:
+        return {"size": self.size, "reward": self.reward, "budget": float(self.budget), "seed": int(self.seed)}
+
+
+def _num(x) -> float | None:
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+def _machine() -> str:
+    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def evaluate_baselines(graph, cluster, costs, sim, seed: int = 0) -> tuple[dict, dict, dict, dict]:
+    """Run and simulate every baseline. Returns (step seconds | None, wall seconds, error reasons, placements)."""
+    from placer.baselines import BASELINES, run_baseline
+
+    times, walls, errors, placements = {}, {}, {}, {}
+    for name in BASELINES:
+        t0 = time.perf_counter()
+        try:
+            pl = run_baseline(name, graph, cluster, costs=costs, seed=seed)
+        except PlacerError as e:
+            times[name], errors[name] = None, str(e)
+            walls[name] = time.perf_counter() - t0
+            log.info("bench: %s cannot be built: %s", name, e)
+            continue
+        walls[name] = time.perf_counter() - t0
+        r = sim.simulate(pl)
+        placements[name] = pl
+        if r.oom:
+            times[name] = None
+            errors[name] = "out of memory on " + ", ".join(r.oom_devices)
+        else:
+            times[name] = float(r.step_time)
+    return times, walls, errors, placements
+
+
+def best_baseline(baselines: dict, names=SPEEDUP_BASELINES) -> tuple[str | None, float | None]:
+    vals = [(v, k) for k, v in baselines.items() if k in names and v is not None]
+    if not vals:
+        return None, None
+    v, k = min(vals)
+    return k, v
+
+
+def run_cell(s: CellSettings, out_dir: Path, *, progress: bool = False) -> dict:
+    """One cell of the table (see the module docstring)."""
+    from placer.api import place
+    from placer.graphs.models import build_model
+    from placer.sim.cluster import parse_cluster
+    from placer.sim.costs import analytical_costs
+    from placer.sim.simulator import Simulator
+
+    graph = build_model(s.model, s.size)
+    cluster = parse_cluster(f"{s.gpus}x{s.kind}")
+    table = analytical_costs(graph, cluster)
+    costs = table.matrix(cluster)
+    sim = Simulator(graph, cluster, costs)
+    lb = float(sim.lower_bound())
+    times, walls, errors, _ = evaluate_baselines(graph, cluster, costs, sim, seed=s.seed)
+    cell_dir = out_dir / f"{s.model}_{s.gpus}x{s.kind}"
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    res = place(graph, cluster=cluster, budget_seconds=s.budget, seed=s.seed, costs=costs, out_dir=str(cell_dir),
+                progress=progress)
+    search_wall = time.perf_counter() - t0
+    # the returned placement, re-simulated with this cell's simulator
+    rl_pl = res.placement.to_indices(graph, cluster.device_names)
+    r = sim.simulate(rl_pl)
+    rl_s = None if r.oom else float(r.step_time)
+    rl_from = str(res.extra.get("source", "search")) if getattr(res, "extra", None) else "search"
+    bname, bval = best_baseline(times)
+    if bval is not None and (rl_s is None or bval < rl_s):
+        # the search's baseline floor did not include this baseline: return the better one (and say so)
+        rl_s, rl_from = bval, bname
+    search_best = _num(getattr(res, "search_best", None))
+    history = [h for h in (getattr(res, "history", None) or []) if isinstance(h, dict)]
+    (cell_dir / "history.json").write_text(json.dumps(history, default=float))
+    return {
+        "model": s.model, "gpus": int(s.gpus), "kind": s.kind,
+        "baselines": {k: _num(v) for k, v in times.items()},
+        "rl_s": _num(rl_s), "search_best_s": search_best, "lower_bound_s": lb,
+        "search_wall_s": float(getattr(res, "wall_s", 0.0) or search_wall),
+        "settings": s.key(), "rl_from": rl_from,
+        "baseline_wall_s": {k: round(v, 4) for k, v in walls.items()}, "baseline_errors": errors,
+        "evaluations": int(getattr(res, "evaluations", 0) or 0), "ops": int(graph.num_ops),
+        "cost_source": str(getattr(table, "source", "analytical")),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": _machine(),
+    }
+
+
+def load_results(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SearchError(f"cannot read {path}: {e} (move it away to start over)") from e
+    if not isinstance(data, list):
+        raise SearchError(f"{path} is not a list of cells (move it away to start over)")
+    return data
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def run_bench(args) -> int:
+    """`placer bench` (CLI.md). Returns the exit code."""
+    models = [m.strip() for m in str(args.models).split(",") if m.strip()]
+    try:
+        gpus = [int(x) for x in str(args.gpus).split(",") if x.strip()]
+    except ValueError:
+        raise SearchError(f"--gpus {args.gpus!r}: expected a comma list of GPU counts, e.g. 2,4") from None
+    if not models or not gpus or min(gpus) < 1:
+        raise SearchError("bench needs at least one model (--models) and GPU counts >= 1 (--gpus)")
+    if args.reward != "sim":
+        raise SearchError("bench --reward measure needs the cells' real GPUs (NxKIND); run `placer search "
+                          "--reward measure` on the machine that has them. bench simulates (--reward sim).")
+    if args.budget <= 0:
+        raise SearchError(f"--budget must be positive seconds per cell, got {args.budget}")
+    from placer.sim.cluster import parse_cluster
+
+    kind = parse_cluster(f"1x{args.kind}").meta.get("gpu_kind", args.kind)  # validates the kind early
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    results = load_results(path)
+    cells = [CellSettings(m, n, kind, args.size, args.reward, float(args.budget), int(args.seed))
+             for m in models for n in gpus]
+    bar = None
+    if not getattr(args, "no_progress", False):
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cells), desc="bench", unit="cell")
+    try:
+        for s in cells:
+            idx = next((i for i, c in enumerate(results) if c.get("model") == s.model and c.get("gpus") == s.gpus
+                        and c.get("kind") == s.kind), None)
+            if idx is not None and results[idx].get("settings") == s.key():
+                log.info("bench: %s on %dx%s already in %s, skipped", s.model, s.gpus, s.kind, path)
+            else:
+                if bar is not None:
+                    bar.set_postfix_str(f"{s.model} {s.gpus}x{s.kind}")
+                cell = run_cell(s, out, progress=False)
+                if idx is None:
+                    results.append(cell)
+                else:
+                    results[idx] = cell
+                _write_json(path, results)
+                write_report(results, out, command=_command(args))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    write_report(results, out, command=_command(args))
+    print(f"wrote {path} and {out / 'RESULTS.md'} ({len(results)} cells)")
+    return 0
+
+
+def _command(args) -> str:
+    return (f"placer bench --models {args.models} --gpus {args.gpus} --kind {args.kind} --size {args.size} "
+            f"--reward {args.reward} --budget {args.budget:g} --seed {args.seed} --out {args.out}")
+
+
+# ---- report ---------------------------------------------------------------------------------------------------
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "OOM"
+    return f"{v:.4f}" if v < 10 else f"{v:.2f}"
+
+
+def _pct(a: float | None, b: float | None) -> str:
+    """Speedup of b over a as a percentage: a / b - 1 (the time the baseline takes more than the placer)."""
+    if a is None or b is None or b <= 0:
+        return "–"
+    return f"{100.0 * (a / b - 1.0):+.1f}%"
+
+
+def write_report(results: list[dict], out: Path, command: str = "") -> None:
+    """DIR/RESULTS.md (the paper's table + the list schedulers, bound and search time) and the figures."""
+    rows = []
+    hdr = (["Model", "Single-CPU", "Single-GPU", "#GPUs"] + [h for _, h in GPU_COLUMNS] + ["RL", "Speedup"] +
+           [h for _, h in EXTRA_COLUMNS] +
+           ["Policy best", "vs best baseline", "vs Expert", "Lower bound", "RL / LB", "Search (s)"])
+    rows.append("| " + " | ".join(hdr) + " |")
+    rows.append("|" + "|".join(["---"] + ["---:"] * (len(hdr) - 1)) + "|")
+    for c in sorted(results, key=lambda c: (c["model"], c["gpus"])):
+        b = c.get("baselines", {})
+        bname, bval = best_baseline(b)
+        rl, pol, lb = c.get("rl_s"), c.get("search_best_s"), c.get("lower_bound_s")
+        cells = [c["model"], _fmt(b.get("single_cpu")) if "single_cpu" in b else "–",
+                 _fmt(b.get("single_gpu")) if "single_gpu" in b else "–", str(c["gpus"])]
+        cells += [_fmt(b[k]) if k in b else "n/a" for k, _ in GPU_COLUMNS]
+        cells += [_fmt(rl), _pct(bval, rl)]
+        cells += [_fmt(b[k]) if k in b else "n/a" for k, _ in EXTRA_COLUMNS]
+        cells += [_fmt(pol), f"{_pct(bval, pol)} ({bname})" if bname else "–", _pct(b.get("expert"), pol),
+                  _fmt(lb), f"{rl / lb:.2f}" if rl and lb else "–", f"{c.get('search_wall_s', 0):.0f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    figs = plot_figures(results, out)
+    dates = sorted({c.get("date", "") for c in results if c.get("date")})
+    machines = sorted({c.get("machine", "") for c in results if c.get("machine")})
+    lines = [
+        "# placer bench results",
+        "",
+        "Generated by `placer bench` from `results.json` (do not edit by hand).",
+        "",
+        f"- Command: `{command}`" if command else None,
+        f"- Date: {dates[0]} – {dates[-1]}" if dates else None,
+        f"- Machine: {'; '.join(machines)}" if machines else None,
+        "- Step times in seconds per training step, simulated (`placer.sim.simulator`, analytical cost model);"
+        " OOM = the placement does not fit device memory (or the baseline cannot build one); n/a = not run.",
+        "- RL = the placement the search returned (never worse than the best baseline it knows); Speedup ="
+        " best baseline / RL − 1. Policy best = the best placement the policy itself sampled (no baseline"
+        " floor); 'vs best baseline' and 'vs Expert' compare it the same way (positive = the policy is faster).",
+        "- Baselines: Single-CPU/GPU, Scotch, MinCut (METIS), Expert (the papers' rules), HEFT, m-TOPO, m-ETF,"
+        " m-SCT (Baechi's memory-constrained list schedulers). Lower bound = the simulator's bound (max of the"
+        " critical path and the per-device load); RL / LB = how far the returned placement is from it.",
+        "",
+        *rows,
+        "",
+    ]
+    if figs:
+        lines += ["## Figures", ""] + [f"![{f.stem}]({f.name})" for f in figs] + [""]
+    errs = [(c["model"], c["gpus"], k, v) for c in results for k, v in (c.get("baseline_errors") or {}).items()]
+    if errs:
+        lines += ["## Baselines that did not fit or could not be built", ""]
+        lines += [f"- {m} on {n} GPUs, {k}: {v}" for m, n, k, v in errs] + [""]
+    (out / "RESULTS.md").write_text("\n".join(x for x in lines if x is not None) + "\n")
+
+
+def plot_figures(results: list[dict], out: Path) -> list[Path]:
+    """Per-model bar charts of step time per method and learning curves (best-so-far vs evaluations)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    methods = [k for k, _ in PAPER_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS] + ["policy", "rl"]
+    labels = dict(PAPER_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS, policy="Policy best", rl="RL")
+    for model in sorted({c["model"] for c in results}):
+        cells = sorted([c for c in results if c["model"] == model], key=lambda c: c["gpus"])
+        fig, ax = plt.subplots(figsize=(10, 4))
+        width = 0.8 / max(len(cells), 1)
+        x = np.arange(len(methods))
+        for k, c in enumerate(cells):
+            b = dict(c.get("baselines", {}), policy=c.get("search_best_s"), rl=c.get("rl_s"))
+            vals = np.array([b.get(m) if b.get(m) is not None else np.nan for m in methods], float)
+            ax.bar(x + k * width, vals, width, label=f"{c['gpus']} GPUs")
+            for j, m in enumerate(methods):
+                if m in b and b[m] is None:
+                    ax.text(x[j] + k * width, 0, "OOM", rotation=90, ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(x + width * (len(cells) - 1) / 2)
+        ax.set_xticklabels([labels[m] for m in methods], rotation=30, ha="right")
+        ax.set_ylabel("simulated step time (s)")
+        ax.set_title(f"{model}: step time per method")
+        ax.legend()
+        fig.tight_layout()
+        f = out / f"bars_{model}.png"
+        fig.savefig(f, dpi=100)
+        plt.close(fig)
+        files.append(f)
+    curves = []
+    for c in sorted(results, key=lambda c: (c["model"], c["gpus"])):
+        hp = out / f"{c['model']}_{c['gpus']}x{c['kind']}" / "history.json"
+        try:
+            hist = json.loads(hp.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        xs, ys = _curve(hist)
+        if len(xs):
+            curves.append((f"{c['model']} {c['gpus']}x{c['kind']}", xs, ys))
+    if curves:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for label, xs, ys in curves:
+            ax.plot(xs, ys, label=label)
+        ax.set_xlabel("search wall time (s)")
+        ax.set_ylabel("best sampled step time / first (lower is better)")
+        ax.set_title("learning curves")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        f = out / "learning_curves.png"
+        fig.savefig(f, dpi=100)
+        plt.close(fig)
+        files.append(f)
+    return files
+
+
+def _curve(hist: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(x, best-so-far / first best) from a search history: x = wall seconds (else evaluations, else index)."""
+    xk = next((k for k in ("wall_s", "elapsed_s", "time_s", "evaluations", "step") if hist and k in hist[0]), None)
+    yk = next((k for k in ("best_s", "search_best_s", "best", "best_step_time", "step_time_s", "mean_s")
+               if hist and k in hist[0]), None)
+    if yk is None:
+        return np.zeros(0), np.zeros(0)
+    ys = np.array([h.get(yk) if h.get(yk) is not None else np.nan for h in hist], float)
+    ys = np.fmin.accumulate(np.where(np.isfinite(ys), ys, np.nan))
+    xs = np.array([h.get(xk, i) for i, h in enumerate(hist)], float) if xk else np.arange(len(hist), dtype=float)
+    ok = np.isfinite(ys)
+    if not ok.any():
+        return np.zeros(0), np.zeros(0)
+    first = ys[ok][0]
+    return xs[ok], ys[ok] / first
