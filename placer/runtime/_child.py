@@ -12,7 +12,8 @@ Requests:
         -> {"feeds": [(name, shape, dtype)], "fetches": [...], "init": [...], "warnings": [...], "load_s": float}
   ("measure", {"placement": [device per op], "warmup": W, "runs": N, "trace": bool, "profile_runs": int})
         -> {"runs": [s], "on_assigned_device": float|None, "executed": int, "peak_memory": {dev: bytes},
-            "op_times": {op: [s per profiled run]}, "setup_s": float}
+            "op_times": {op: [s per profiled run]}, "setup_s": float,
+            "place_s": float, "init_s": float}   (setup_s = placing + session + init + warm-up)
   ("ping", None) -> "pong"
   ("exit", None) -> no reply; the process ends.
 """
@@ -158,10 +159,12 @@ class _State:
         warmup, runs = int(req.get("warmup", 2)), int(req.get("runs", 5))
         profile_runs = int(req.get("profile_runs", 0))
         out: dict = {"runs": [], "on_assigned_device": None, "executed": 0, "peak_memory": {}, "op_times": {}}
+        out["place_s"] = time.perf_counter() - t0
         sess = tf.compat.v1.Session(graph=self.graph, config=self.config)
         try:
             if self.init_ops:
                 sess.run(self.init_ops, feed_dict=self.feed)
+            out["init_s"] = time.perf_counter() - t0 - out["place_s"]
             for _ in range(warmup):
                 sess.run(self.fetches, feed_dict=self.feed)
             out["setup_s"] = time.perf_counter() - t0

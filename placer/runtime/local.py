@@ -92,7 +92,12 @@ class Child:
             os.close(c2p_w)
         self._tx = Connection(p2c_w, readable=False)
         self._rx = Connection(c2p_r, writable=False)
-        info = self.call("init", {"cpus": cpus, "intra_op": intra_op, "inter_op": inter_op}, start_timeout)
+        try:
+            info = self.call("init", {"cpus": cpus, "intra_op": intra_op, "inter_op": inter_op}, start_timeout)
+        except BaseException:
+            self.kill()
+            self.close()
+            raise
         self.devices: list[str] = list(info["devices"])
         self.tf_version: str = info["tf_version"]
         self.start_s = time.perf_counter() - self.t_start
@@ -303,6 +308,8 @@ class LocalRunner(Evaluator):
         out = Outcome(step_time=float(np.median(runs_s)), peak_memory=peak, runs=runs_s,
                       on_assigned_device=res.get("on_assigned_device"))
         out.peak_by_device = dict(res["peak_memory"])  # type: ignore[attr-defined]
+        # seconds spent re-placing ops, making the session + initialising, and in total before the timed runs
+        out.timing = {k: float(res.get(k, 0.0)) for k in ("place_s", "init_s", "setup_s")}  # type: ignore[attr-defined]
         if profile_runs:
             out.op_times = res.get("op_times", {})  # type: ignore[attr-defined]
         return out

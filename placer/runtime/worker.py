@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 TOKEN_KEY = "x-placer-token"
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024   # graphs are several MB; full-size models tens of MB
+MAX_RUNS, MAX_WARMUP = 1000, 100        # per request, whatever a client asks
 
 
 def grpc_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -137,8 +138,7 @@ class MeasurerServicer:
 
         runner = self._runners.get(request.fingerprint)
         if runner is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"graph {request.fingerprint[:16]} is not loaded on this worker (send LoadGraph first)")
+            self._not_loaded(context, request.fingerprint)
         n = len(runner.graph.names)
         if request.placement_names:
             names = [device_of_trace(d) or d for d in request.placement_names]
@@ -150,12 +150,15 @@ class MeasurerServicer:
                     failed=True, step_time=float("inf"), worker=self.label,
                     reason=f"placement has {len(idx)} entries for {n} ops and {len(devs)} devices")
             names = [devs[i] for i in idx]
-        warmup = request.warmup if request.warmup > 0 else runner.warmup
-        runs = request.runs if request.runs > 0 else runner.runs
+        warmup = min(request.warmup, MAX_WARMUP) if request.warmup > 0 else runner.warmup
+        runs = min(request.runs, MAX_RUNS) if request.runs > 0 else runner.runs
         with self._lock:
+            if self._runners.get(request.fingerprint) is not runner:    # evicted meanwhile
+                self._not_loaded(context, request.fingerprint)
             self._busy = True
             try:
-                runner.timeout = request.timeout_s if request.timeout_s > 0 else self.timeout
+                # a client may ask for a shorter timeout, never a longer one than the worker's
+                runner.timeout = min(request.timeout_s, self.timeout) if request.timeout_s > 0 else self.timeout
                 out = runner.measure(names, warmup=warmup, runs=runs, profile_runs=max(0, request.profile_runs))
             except MeasurementError as e:   # the child could not be restarted: this worker is unwell
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
@@ -172,6 +175,13 @@ class MeasurerServicer:
         for op, (dev, secs) in (getattr(out, "op_times", None) or {}).items():
             reply.op_times.add(op=op, device=dev or "", seconds=list(secs))
         return reply
+
+    @staticmethod
+    def _not_loaded(context, fp: str):
+        import grpc
+
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      f"graph {fp[:16]} is not loaded on this worker (send LoadGraph first)")
 
     def Health(self, request, context):  # noqa: N802
         from placer import __version__
