@@ -312,3 +312,14 @@ def test_expert_on_tiny_nmt_model():
             assert dev[var] == 1, var
     for gid in np.unique(g.colocation):
         assert len(set(pl[g.colocation == gid].tolist())) == 1
+
+
+@pytest.mark.parametrize("name", ["m_etf", "heft", "m_topo", "m_sct"])
+def test_forward_operator_placement_keeps_gradients_with_forward_ops(name):
+    g = nmt_like(4)
+    c = make_cluster(4)
+    pl = BASELINES[name](g, c, stand_in_costs(g, c), colocate_gradients=True)
+    dev = dict(zip(g.names, pl.tolist()))
+    grads = [n for n in g.names if n.startswith("gradients/")]
+    assert grads and all(dev[n] == dev[forward_name(n)] for n in grads)
+    assert len(set(pl.tolist())) > 1

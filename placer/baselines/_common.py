@@ -78,6 +78,64 @@ def cost_matrix(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
 
 
 _BACKWARD = re.compile(r"^gradients(_\d+)?/")
+_GRAD_TAIL = re.compile(r"_grad(_\d+)?$")
+_UPDATE = re.compile(r"(^|/)update_(.+?)(/[^/]*Apply[^/]*|/[^/]*Resource[^/]*|/[^/]*$)")
+
+
+def forward_name(name: str) -> str:
+    """The forward op (or variable) an op belongs to: gradient ops (`gradients[_k]/<forward>_grad/...`) and
+    optimizer updates (`<Optimizer>/update_<variable>/...`) map to their forward op / variable.
+
+    >>> forward_name("gradients/encoder/layer_1/lstm/MatMul_grad/MatMul_1")
+    'encoder/layer_1/lstm/MatMul'
+    >>> forward_name("Adam/update_decoder/layer_0/kernel/ApplyAdam")
+    'decoder/layer_0/kernel'
+    >>> forward_name("softmax/MatMul")
+    'softmax/MatMul'
+    """
+    if _BACKWARD.match(name):
+        parts = _BACKWARD.sub("", name).split("/")
+        for k in range(len(parts) - 1, -1, -1):
+            if _GRAD_TAIL.search(parts[k]):
+                return "/".join(parts[:k] + [_GRAD_TAIL.sub("", parts[k])])
+        return "/".join(parts)
+    m = _UPDATE.search(name)
+    if m:
+        return m.group(2)
+    return name
+
+
+def gradient_groups(graph: OpGraph, group: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Co-location groups with every backward op merged into its forward op's group (when the forward op
+    exists and both can share a device): Baechi's forward-operator placement, where backward ops follow
+    their forward ops, so saved activations never cross devices. Returns new group ids (0..G'-1)."""
+    G = int(group.max()) + 1 if len(group) else 0
+    parent = np.arange(G)
+    g_allowed = np.ones((G, allowed.shape[1]), bool)
+    np.logical_and.at(g_allowed, group, allowed)
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    index = graph._name_index
+    for i, nm in enumerate(graph.names):
+        if not _BACKWARD.match(nm):
+            continue
+        j = index.get(forward_name(nm))
+        if j is None:
+            continue
+        a, b = find(int(group[i])), find(int(group[j]))
+        if a != b and (g_allowed[a] & g_allowed[b]).any():
+            parent[a] = b
+            g_allowed[b] &= g_allowed[a]
+    roots = np.array([find(int(x)) for x in range(G)], np.int64)
+    _, new = np.unique(roots[group], return_inverse=True)
+    return new.astype(np.int64)
+
+
 
 
 @dataclass
@@ -195,8 +253,10 @@ class Problem:
         return float(self.lat[np.ix_(g, g)][mask].mean()), float(self.inv_bw[np.ix_(g, g)][mask].mean())
 
 
-def prepare(graph: OpGraph, cluster: Cluster, costs=None) -> Problem:
-    """Build the shared arrays. Raises PlacementError when an op has no device it can run on."""
+def prepare(graph: OpGraph, cluster: Cluster, costs=None, *, colocate_gradients: bool = False) -> Problem:
+    """Build the shared arrays. Raises PlacementError when an op has no device it can run on.
+
+    colocate_gradients: merge each backward op into its forward op's co-location group (`gradient_groups`)."""
     n, D = graph.num_ops, cluster.num_devices
     cost = cost_matrix(graph, cluster, costs)
     gpus = np.asarray(cluster.gpu_indices, np.int64)
@@ -213,6 +273,8 @@ def prepare(graph: OpGraph, cluster: Cluster, costs=None) -> Problem:
         allowed[cpu_only, cpu] = True
     _, group = np.unique(np.asarray(graph.colocation), return_inverse=True)
     group = group.astype(np.int64)
+    if colocate_gradients:
+        group = gradient_groups(graph, group, allowed)
     G = int(group.max()) + 1 if n else 0
     # a group with a CPU-only member is CPU-only as a whole; otherwise intersect the members' devices
     if cpu is not None and cpu_only.any():
@@ -420,6 +482,21 @@ def rebalance_memory(prob: Problem, group_device: np.ndarray, what: str) -> np.n
                                  f"still needs {_fmt_bytes(used[d])} of {_fmt_bytes(prob.capacity[d])} after "
                                  f"re-balancing (model {_fmt_bytes(need)}, GPUs hold {_fmt_bytes(have)})")
     return gd
+
+
+def with_gradient_fallback(run, colocate_gradients: bool | None) -> np.ndarray:
+    """Run a list scheduler `run(colocate_gradients) -> placement`. None (the default): op-level first and,
+    if that runs out of memory, again with backward ops co-located with their forward ops (fewer copies of
+    saved activations); the first error is raised when both fail."""
+    if colocate_gradients is not None:
+        return run(bool(colocate_gradients))
+    try:
+        return run(False)
+    except PlacementError as first:
+        try:
+            return run(True)
+        except PlacementError:
+            raise first from None
 
 
 def partition_placement(p: Problem, partition, what: str) -> np.ndarray:

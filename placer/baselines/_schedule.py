@@ -106,7 +106,7 @@ class DeviceState:
         """The PlacementError for op i having no feasible device (memory needed vs available)."""
         p = self.p
         g = int(p.group[i])
-        devs = np.flatnonzero(p.allowed[i])
+        devs = np.flatnonzero(p.allowed[i]) if self.group_dev[g] < 0 else np.array([self.group_dev[g]])
         need = self.copies(i) + (p.group_mem[g] if self.group_dev[g] < 0 else 0)
         return memory_error(p, g, self.used, devs, what, need=need)
 
@@ -200,7 +200,7 @@ def _etf_kernel(cost, allowed, group, group_mem, capacity, pred_ptr, pred_idx, p
                 i = r_ops[k]
                 if prio[i] > prio[worst] or (prio[i] == prio[worst] and i < worst):
                     worst = i
-            return device, start, finish, worst
+            return device, start, finish, worst, used
         i, d = r_ops[best_k], best_d
         g = group[i]
         if gdev[g] < 0:
@@ -234,7 +234,7 @@ def _etf_kernel(cost, allowed, group, group_mem, capacity, pred_ptr, pred_idx, p
                             r_dr[m, e] = arr
                 r_ops[m] = j
                 m += 1
-    return device, start, finish, -1
+    return device, start, finish, -1, used
 
 
 def etf(p: Problem, *, favorite_parent: np.ndarray | None = None, what: str = "m_etf") -> Schedule:
@@ -247,7 +247,7 @@ def etf(p: Problem, *, favorite_parent: np.ndarray | None = None, what: str = "m
     """
     prio = bottom_level(p)
     fav = np.full(p.n, -1, np.int64) if favorite_parent is None else np.asarray(favorite_parent, np.int64)
-    device, start, finish, stuck = _etf_kernel(
+    device, start, finish, stuck, used = _etf_kernel(
         np.ascontiguousarray(p.cost), np.ascontiguousarray(p.allowed), p.group.astype(np.int64),
         p.group_mem.astype(np.int64), p.capacity.astype(np.int64), p.pred_ptr.astype(np.int64),
         p.pred_idx.astype(np.int64), p.pred_bytes.astype(np.float64), p.succ_ptr.astype(np.int64),
@@ -256,7 +256,7 @@ def etf(p: Problem, *, favorite_parent: np.ndarray | None = None, what: str = "m
     if stuck >= 0:
         st = DeviceState(p)
         st.device[:] = device
-        st.used[:] = memory_by_device(p, device)
+        st.used[:] = used
         placed = device >= 0
         st.group_dev[p.group[placed]] = device[placed]
         raise st.fail(int(stuck), what)

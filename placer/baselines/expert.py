@@ -30,37 +30,12 @@ import re
 
 import numpy as np
 
-from placer.baselines._common import Problem, group_fixed_device, prepare
+from placer.baselines._common import Problem, forward_name, group_fixed_device, prepare
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import Cluster
 
-_GRAD = re.compile(r"^gradients(_\d+)?/")
-_GRAD_TAIL = re.compile(r"_grad(_\d+)?$")
-_UPDATE = re.compile(r"(^|/)update_(.+?)(/[^/]*Apply[^/]*|/[^/]*Resource[^/]*|/[^/]*$)")
 _LAYER = re.compile(r"(?:^|/)layer_?(\d+)(?:/|$)")
 LAYERED_MODELS = ("nmt", "nmt4", "rnnlm")
-
-
-def forward_name(name: str) -> str:
-    """The forward op (or variable) an op belongs to.
-
-    >>> forward_name("gradients/encoder/layer_1/lstm/MatMul_grad/MatMul_1")
-    'encoder/layer_1/lstm/MatMul'
-    >>> forward_name("Adam/update_decoder/layer_0/kernel/ApplyAdam")
-    'decoder/layer_0/kernel'
-    >>> forward_name("softmax/MatMul")
-    'softmax/MatMul'
-    """
-    if _GRAD.match(name):
-        parts = _GRAD.sub("", name).split("/")
-        for k in range(len(parts) - 1, -1, -1):
-            if _GRAD_TAIL.search(parts[k]):
-                return "/".join(parts[:k] + [_GRAD_TAIL.sub("", parts[k])])
-        return "/".join(parts)
-    m = _UPDATE.search(name)
-    if m:
-        return m.group(2)
-    return name
 
 
 _SCOPED = re.compile(r"^(?:(encoder|decoder)/)?(layer_(\d+)|embedding|attention)(?:/|$)")

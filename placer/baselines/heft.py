@@ -6,18 +6,25 @@ put each op on the device, among those it may use with memory left (co-location 
 of their first op, whose memory they reserve as a whole), that gives the earliest finish time
 `max(device free, inputs arrived) + cost` (non-insertion variant: an op is appended after the device's last
 op). CPU-only ops go to the CPU. When an op fits nowhere, PlacementError names memory needed vs available.
+
+Forward-operator placement (Baechi's option): with `colocate_gradients=True` every backward op
+(`gradients/<forward op>_grad/...`) joins its forward op's co-location group, so only forward ops are
+scheduled freely and saved activations never cross devices. Default (None): op-level scheduling, retried
+with forward-operator placement only when it runs out of memory (on the built-in LSTM models the merged
+groups, chained through TF's own co-location of gradient sums, grow to hundreds of ops and op-level
+schedules were usually faster).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from placer.baselines._common import prepare
+from placer.baselines._common import prepare, with_gradient_fallback
 from placer.baselines._schedule import DeviceState, bottom_level
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import Cluster
 
 
-def heft(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
+def heft(graph: OpGraph, cluster: Cluster, costs=None, *, colocate_gradients: bool | None = None) -> np.ndarray:
     """Memory-constrained HEFT placement: op→device index array.
 
     >>> import numpy as np
@@ -27,17 +34,20 @@ def heft(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
     >>> heft(chain, Cluster(gpus, np.full((2, 2), 1e9), np.zeros((2, 2)))).tolist()   # moving costs 0.1 s
     [0, 0, 0]
     """
-    p = prepare(graph, cluster, costs)
-    rank = bottom_level(p)
-    order = np.lexsort((np.arange(p.n), -rank))
-    st = DeviceState(p)
-    for i in order:
-        i = int(i)
-        feas = st.feasible(i)
-        if not feas.any():
-            raise st.fail(i, "heft")
-        est = np.maximum(st.data_ready(i), st.free_at)
-        eft = np.where(feas, est + p.cost[i], np.inf)
-        d = int(np.argmin(eft))
-        st.place(i, d, float(est[d]))
-    return st.device
+    def run(cg: bool) -> np.ndarray:
+        p = prepare(graph, cluster, costs, colocate_gradients=cg)
+        rank = bottom_level(p)
+        order = np.lexsort((np.arange(p.n), -rank))
+        st = DeviceState(p)
+        for i in order:
+            i = int(i)
+            feas = st.feasible(i)
+            if not feas.any():
+                raise st.fail(i, "heft")
+            est = np.maximum(st.data_ready(i), st.free_at)
+            eft = np.where(feas, est + p.cost[i], np.inf)
+            d = int(np.argmin(eft))
+            st.place(i, d, float(est[d]))
+        return st.device
+
+    return with_gradient_fallback(run, colocate_gradients)

@@ -6,18 +6,25 @@ use (allowed kind, co-location pin, memory left), the pair with the earliest sta
 ties go to the op with the larger b-level (longest remaining path). CPU-only ops can only go to the CPU;
 every other op goes to one of the N GPUs. A co-location group reserves its whole memory on the device its
 first op lands on. When no ready op fits anywhere, PlacementError names the op, memory needed and available.
+
+Forward-operator placement (Baechi's option): with `colocate_gradients=True` every backward op
+(`gradients/<forward op>_grad/...`) joins its forward op's co-location group, so only forward ops are
+scheduled freely and saved activations never cross devices. Default (None): op-level scheduling, retried
+with forward-operator placement only when it runs out of memory (on the built-in LSTM models the merged
+groups, chained through TF's own co-location of gradient sums, grow to hundreds of ops and op-level
+schedules were usually faster).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from placer.baselines._common import prepare
+from placer.baselines._common import prepare, with_gradient_fallback
 from placer.baselines._schedule import etf
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import Cluster
 
 
-def m_etf(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
+def m_etf(graph: OpGraph, cluster: Cluster, costs=None, *, colocate_gradients: bool | None = None) -> np.ndarray:
     """Memory-constrained ETF placement: op→device index array.
 
     >>> import numpy as np
@@ -29,4 +36,5 @@ def m_etf(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
     >>> sorted(m_etf(g, c).tolist()[:2])   # a and b run in parallel on the two GPUs
     [0, 1]
     """
-    return etf(prepare(graph, cluster, costs), what="m_etf").device
+    return with_gradient_fallback(
+        lambda cg: etf(prepare(graph, cluster, costs, colocate_gradients=cg), what="m_etf").device, colocate_gradients)

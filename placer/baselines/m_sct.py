@@ -14,6 +14,13 @@ Rule:
 2. m-ETF (see `m_etf`) where an op whose favorite parent is already placed is pinned to that parent's device
    whenever it fits there (the transfer on the heaviest edges is avoided). Memory and co-location as m-ETF;
    PlacementError names memory needed vs available when an op fits nowhere.
+
+Forward-operator placement (Baechi's option): with `colocate_gradients=True` every backward op
+(`gradients/<forward op>_grad/...`) joins its forward op's co-location group, so only forward ops are
+scheduled freely and saved activations never cross devices. Default (None): op-level scheduling, retried
+with forward-operator placement only when it runs out of memory (on the built-in LSTM models the merged
+groups, chained through TF's own co-location of gradient sums, grow to hundreds of ops and op-level
+schedules were usually faster).
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ import logging
 
 import numpy as np
 
-from placer.baselines._common import Problem, prepare
+from placer.baselines._common import Problem, prepare, with_gradient_fallback
 from placer.baselines._schedule import etf
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import Cluster
@@ -110,7 +117,8 @@ def favorite_children(p: Problem, *, threshold: float = 0.5, lp_time_limit: floa
     return fav_parent
 
 
-def m_sct(graph: OpGraph, cluster: Cluster, costs=None, *, lp_time_limit: float = 120.0) -> np.ndarray:
+def m_sct(graph: OpGraph, cluster: Cluster, costs=None, *, lp_time_limit: float = 120.0,
+          colocate_gradients: bool | None = None) -> np.ndarray:
     """Memory-constrained SCT placement: op→device index array.
 
     >>> import numpy as np
@@ -121,5 +129,8 @@ def m_sct(graph: OpGraph, cluster: Cluster, costs=None, *, lp_time_limit: float 
     >>> m_sct(g, c).tolist()   # b is a's favorite child: it stays with a
     [0, 0]
     """
-    p = prepare(graph, cluster, costs)
-    return etf(p, favorite_parent=favorite_children(p, lp_time_limit=lp_time_limit), what="m_sct").device
+    def run(cg: bool) -> np.ndarray:
+        p = prepare(graph, cluster, costs, colocate_gradients=cg)
+        return etf(p, favorite_parent=favorite_children(p, lp_time_limit=lp_time_limit), what="m_sct").device
+
+    return with_gradient_fallback(run, colocate_gradients)

@@ -7,17 +7,24 @@ next GPU (an empty GPU always takes one group; the last GPU takes the rest up to
 that fits nowhere on the way goes to the GPU with the most free memory). Baechi adds
 the largest group as slack to the per-device limit, which can leave the last GPUs empty; we do not. Ops of a group already placed follow their group; CPU-only ops go to the CPU.
 When the last GPU is full, PlacementError names the op, memory needed and available.
+
+Forward-operator placement (Baechi's option): with `colocate_gradients=True` every backward op
+(`gradients/<forward op>_grad/...`) joins its forward op's co-location group, so only forward ops are
+scheduled freely and saved activations never cross devices. Default (None): op-level scheduling, retried
+with forward-operator placement only when it runs out of memory (on the built-in LSTM models the merged
+groups, chained through TF's own co-location of gradient sums, grow to hundreds of ops and op-level
+schedules were usually faster).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from placer.baselines._common import group_fixed_device, memory_error, prepare
+from placer.baselines._common import group_fixed_device, memory_error, prepare, with_gradient_fallback
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import Cluster
 
 
-def m_topo(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
+def m_topo(graph: OpGraph, cluster: Cluster, costs=None, *, colocate_gradients: bool | None = None) -> np.ndarray:
     """Topological-order, memory-balanced placement: op→device index array.
 
     >>> import numpy as np
@@ -27,57 +34,60 @@ def m_topo(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
     >>> m_topo(g, Cluster(devs, np.full((2, 2), 1e9), np.zeros((2, 2)))).tolist()
     [0, 0, 1, 1]
     """
-    p = prepare(graph, cluster, costs)
-    fixed = group_fixed_device(p)
-    gpus = [int(d) for d in p.gpus]
-    free_groups = fixed < 0
-    total = int(p.group_mem[free_groups].sum())
-    limit = -(-total // max(len(gpus), 1))
-    used = np.zeros(p.D, np.int64)
-    gdev = fixed.copy()
-    for g in np.flatnonzero(fixed >= 0):
-        used[fixed[g]] += p.group_mem[g]
-    ops_of = np.argsort(p.group, kind="stable")
-    ops_ptr = np.searchsorted(p.group[ops_of], np.arange(p.num_groups + 1))
-    charged: set[tuple[int, int]] = set()  # (kept tensor, device) copies already counted
+    def run(cg: bool) -> np.ndarray:
+        p = prepare(graph, cluster, costs, colocate_gradients=cg)
+        fixed = group_fixed_device(p)
+        gpus = [int(d) for d in p.gpus]
+        free_groups = fixed < 0
+        total = int(p.group_mem[free_groups].sum())
+        limit = -(-total // max(len(gpus), 1))
+        used = np.zeros(p.D, np.int64)
+        gdev = fixed.copy()
+        for g in np.flatnonzero(fixed >= 0):
+            used[fixed[g]] += p.group_mem[g]
+        ops_of = np.argsort(p.group, kind="stable")
+        ops_ptr = np.searchsorted(p.group[ops_of], np.arange(p.num_groups + 1))
+        charged: set[tuple[int, int]] = set()  # (kept tensor, device) copies already counted
 
-    def copies(g: int, d: int) -> list[int]:
-        """Kept tensors the group's backward ops would copy onto d (producer placed elsewhere, not there yet)."""
-        out = []
-        for i in ops_of[ops_ptr[g]:ops_ptr[g + 1]]:
-            for t in p.kin_tensor[p.kin_ptr[i]:p.kin_ptr[i + 1]]:
-                pd = gdev[p.group[p.t_op[t]]]
-                if pd >= 0 and pd != d and (int(t), d) not in charged:
-                    out.append(int(t))
-        return out
+        def copies(g: int, d: int) -> list[int]:
+            """Kept tensors the group's backward ops would copy onto d (producer placed elsewhere, not there yet)."""
+            out = []
+            for i in ops_of[ops_ptr[g]:ops_ptr[g + 1]]:
+                for t in p.kin_tensor[p.kin_ptr[i]:p.kin_ptr[i + 1]]:
+                    pd = gdev[p.group[p.t_op[t]]]
+                    if pd >= 0 and pd != d and (int(t), d) not in charged:
+                        out.append(int(t))
+            return out
 
-    def need(g: int, d: int) -> int:
-        return int(p.group_mem[g]) + int(sum(p.t_bytes[t] for t in set(copies(g, d))))
+        def need(g: int, d: int) -> int:
+            return int(p.group_mem[g]) + int(sum(p.t_bytes[t] for t in set(copies(g, d))))
 
-    cur = 0
-    for g in np.argsort(p.group_first, kind="stable"):  # groups in the topological order of their first op
-        if gdev[g] >= 0:
-            continue
-        while cur < len(gpus):
-            d = gpus[cur]
-            last = cur == len(gpus) - 1
-            nd = need(g, d)
-            fits = p.group_allowed[g, d] and used[d] + nd <= p.capacity[d]
-            if fits and (last or used[d] + nd <= limit or used[d] == 0):
-                break  # (an empty device always takes one group, even one bigger than the limit)
-            cur += 1
-        if cur < len(gpus):
-            d = gpus[cur]
-        else:
-            # past the last GPU: the GPU with the most free memory that can take the group (fragmentation)
-            cur = len(gpus) - 1
-            free = [p.capacity[e] - used[e] - need(g, e) if p.group_allowed[g, e] else -1 for e in gpus]
-            d = gpus[int(np.argmax(free))]
-            if max(free) < 0:
-                needs = np.zeros(p.D, np.int64)
-                needs[gpus] = [need(g, e) for e in gpus]
-                raise memory_error(p, int(g), used, gpus, "m_topo", need=needs)
-        used[d] += need(g, d)
-        charged.update((t, d) for t in copies(g, d))
-        gdev[g] = d
-    return gdev[p.group]
+        cur = 0
+        for g in np.argsort(p.group_first, kind="stable"):  # groups in the topological order of their first op
+            if gdev[g] >= 0:
+                continue
+            while cur < len(gpus):
+                d = gpus[cur]
+                last = cur == len(gpus) - 1
+                nd = need(g, d)
+                fits = p.group_allowed[g, d] and used[d] + nd <= p.capacity[d]
+                if fits and (last or used[d] + nd <= limit or used[d] == 0):
+                    break  # (an empty device always takes one group, even one bigger than the limit)
+                cur += 1
+            if cur < len(gpus):
+                d = gpus[cur]
+            else:
+                # past the last GPU: the GPU with the most free memory that can take the group (fragmentation)
+                cur = len(gpus) - 1
+                free = [p.capacity[e] - used[e] - need(g, e) if p.group_allowed[g, e] else -1 for e in gpus]
+                d = gpus[int(np.argmax(free))]
+                if max(free) < 0:
+                    needs = np.zeros(p.D, np.int64)
+                    needs[gpus] = [need(g, e) for e in gpus]
+                    raise memory_error(p, int(g), used, gpus, "m_topo", need=needs)
+            used[d] += need(g, d)
+            charged.update((t, d) for t in copies(g, d))
+            gdev[g] = d
+        return gdev[p.group]
+
+    return with_gradient_fallback(run, colocate_gradients)
