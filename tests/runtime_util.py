@@ -101,3 +101,14 @@ def stop_worker(p) -> None:
         except Exception:  # noqa: BLE001
             p.kill()
             p.wait(timeout=10)
+
+
+def oom_graph() -> OpGraph:
+    """Allocates a 4 TiB tensor: TensorFlow's CPU allocator refuses it (ResourceExhaustedError)."""
+    import tensorflow as tf
+
+    g = tf.Graph()
+    with g.as_default():
+        big = tf.fill([2**20, 2**20], 1.0, name="big")
+        out = tf.reduce_sum(big, name="out")
+    return opgraph_from_tf(g, [out.name], name="oom")

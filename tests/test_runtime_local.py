@@ -13,7 +13,7 @@ from placer.errors import MeasurementError
 from placer.runtime.devices import canonical_device, cpu_split, parse_devices
 from placer.runtime.local import LocalRunner
 from placer.sim.evaluator import Outcome
-from runtime_util import hang_graph, mlp_graph
+from runtime_util import hang_graph, mlp_graph, oom_graph
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +82,13 @@ def test_hanging_step_is_cut_by_the_timeout():
         took = time.perf_counter() - t
     assert o.failed and "timed out after 4 s" in o.reason
     assert 3.5 < took < 20
+
+
+def test_out_of_memory_is_a_failed_outcome():
+    g = oom_graph()
+    with LocalRunner(g, "cpu:1", warmup=0, runs=1, timeout=60) as r:
+        [o] = r.evaluate([np.zeros(g.num_ops, np.int64)])
+    assert o.failed and o.oom and "OOM" in o.reason and "'big'" in o.reason
 
 
 def test_dead_child_is_replaced(runner, mlp):
