@@ -47,7 +47,7 @@ from placer.sim.evaluator import Evaluator, Outcome
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT = 180.0   # seconds for the child to import TensorFlow and list devices
+START_TIMEOUT = 180.0   # seconds (at least) for the child to import TensorFlow + list devices, and to import a graph
 
 
 class ChildDied(Exception):
@@ -185,8 +185,9 @@ class LocalRunner(Evaluator):
 
     graph: an OpGraph with a runnable `meta_graph` (or any object with `names`, `fetches`, `fingerprint`,
     `meta_graph` bytes). devices: TF device names (index-aligned with placement values) or a spec `"cpu:N"`.
-    warmup/runs: steps before / inside the timing. timeout: seconds one measurement (graph load, session,
-    warm-up and runs) may take before it is cut and reported as failed. check_safe: refuse graphs with ops
+    warmup/runs: steps before / inside the timing. timeout: seconds one measurement (placing, session,
+    initialisation, warm-up and runs) may take before it is cut and reported as failed (TF start-up and the
+    graph import get at least START_TIMEOUT). check_safe: refuse graphs with ops
     outside `placer.runtime.allowlist` (GraphRefused) before anything is imported or run (workers set it).
 
     >>> # runner = LocalRunner(graph, "cpu:2"); runner.evaluate([np.zeros(graph.num_ops, int)])[0].step_time
@@ -236,7 +237,7 @@ class LocalRunner(Evaluator):
             info = child.call("load", {"meta_graph": self.graph.meta_graph, "names": list(self.graph.names),
                                        "fetches": list(self.graph.fetches),
                                        "fingerprint": getattr(self.graph, "fingerprint", ""),
-                                       "check_safe": self.check_safe}, self.timeout)
+                                       "check_safe": self.check_safe}, max(self.timeout, START_TIMEOUT))
             self.stats["load_s"].append(time.perf_counter() - t)
         except ChildDied as e:
             child.close()
