@@ -223,7 +223,7 @@ def _command(args) -> str:
 def _fmt(v: float | None) -> str:
     if v is None:
         return "OOM"
-    return f"{v:.4f}" if v < 10 else f"{v:.2f}"
+    return f"{v:.4g}" if v < 10 else f"{v:.2f}"
 
 
 def _pct(a: float | None, b: float | None) -> str:
