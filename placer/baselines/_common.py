@@ -77,14 +77,15 @@ def cost_matrix(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
     return m
 
 
-_BACKWARD = re.compile(r"^gradients(_\d+)?/")
+_BACKWARD = re.compile(r"^(gradients(_\d+)?|gradient_tape)/")  # TF1 tf.gradients / Keras GradientTape
 _GRAD_TAIL = re.compile(r"_grad(_\d+)?$")
 _UPDATE = re.compile(r"(^|/)update_(.+?)(/[^/]*Apply[^/]*|/[^/]*Resource[^/]*|/[^/]*$)")
 
 
 def forward_name(name: str) -> str:
-    """The forward op (or variable) an op belongs to: gradient ops (`gradients[_k]/<forward>_grad/...`) and
-    optimizer updates (`<Optimizer>/update_<variable>/...`) map to their forward op / variable.
+    """The forward op (or variable) an op belongs to: gradient ops (`gradients[_k]/<forward>_grad/...`, Keras
+    `gradient_tape/<forward scope>/...`) and optimizer updates (`<Optimizer>/update_<variable>/...`) map to
+    their forward op / variable (scope).
 
     >>> forward_name("gradients/encoder/layer_1/lstm/MatMul_grad/MatMul_1")
     'encoder/layer_1/lstm/MatMul'
@@ -124,7 +125,11 @@ def gradient_groups(graph: OpGraph, group: np.ndarray, allowed: np.ndarray) -> n
     for i, nm in enumerate(graph.names):
         if not _BACKWARD.match(nm):
             continue
-        j = index.get(forward_name(nm))
+        fwd = forward_name(nm)
+        j = index.get(fwd)
+        while j is None and "/" in fwd:  # GradientTape names the scope, not the op: take the nearest op
+            fwd = fwd.rsplit("/", 1)[0]
+            j = index.get(fwd)
         if j is None:
             continue
         a, b = find(int(group[i])), find(int(group[j]))

@@ -16,9 +16,10 @@ Rules (N = number of GPUs):
 - **Inception-V3** (and any graph named `inception*`): the experts of both papers used one GPU: every op on
   the first GPU.
 - **Other graphs**: contiguous layers by name scope, balanced by compute: forward ops are grouped into
-  blocks by their name scope (the shallowest scope depth that yields at least 2·N blocks), blocks keep the
-  topological order of their first op, and each block goes to GPU ⌊(compute before its middle)·N / total⌋,
-  i.e. N contiguous stretches of about equal compute (forward + backward seconds).
+  blocks by their name scope (the shallowest scope depth at which no block holds more than 1/(2N) of the
+  compute; optimizer scopes are not blocks), blocks are ordered by the median topological position of
+  their computing ops, and each block goes to GPU ⌊(compute before its middle)·N / total⌋, i.e. N
+  contiguous stretches of about equal compute (forward + backward seconds).
 - Ops no rule recognises (global step, input pipeline, summaries) take the device of the predecessor they
   read the most bytes from (else their heaviest successor; else the first GPU).
 - CPU-only ops go to the CPU. The rule does not check memory (the humans' placements fit on the papers'
@@ -30,12 +31,15 @@ import re
 
 import numpy as np
 
-from placer.baselines._common import Problem, forward_name, group_fixed_device, prepare
+from placer.baselines._common import _BACKWARD, Problem, forward_name, group_fixed_device, prepare
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import Cluster
 
 _LAYER = re.compile(r"(?:^|/)layer_?(\d+)(?:/|$)")
 LAYERED_MODELS = ("nmt", "nmt4", "rnnlm")
+# top-level scopes of optimizer ops: not layers (they follow their variables / neighbours)
+_OPTIMIZER_SCOPES = frozenset({"adam", "rm_sprop", "rmsprop", "sgd", "gradientdescent", "momentum", "adagrad",
+                               "adadelta", "adamax", "nadam", "ftrl", "training", "optimizer", "train"})
 
 
 _SCOPED = re.compile(r"^(?:(encoder|decoder)/)?(layer_(\d+)|embedding|attention)(?:/|$)")
@@ -120,25 +124,37 @@ def _generic(p: Problem, fwd: list[str]) -> np.ndarray:
     gpus = np.asarray(p.gpus)
     N = len(gpus)
     scopes = [f.split("/")[:-1] for f in fwd]
+    scopes = [s if not s or s[0].lower() not in _OPTIMIZER_SCOPES else [] for s in scopes]
+    w = p.mean_gpu_cost()
+    has = np.array([bool(s) for s in scopes])
+    total_w = float(w[has].sum()) or 1.0
     depth_max = max((len(s) for s in scopes), default=0)
-    best_depth, best_count = 1, -1
+    # the shallowest scope depth whose largest block holds at most 1/(2N) of the compute (else the most even)
+    best_depth, best_share = 1, np.inf
     for depth in range(1, depth_max + 1):
-        count = len({"/".join(s[:depth]) for s in scopes if s})
-        if count > best_count:
-            best_depth, best_count = depth, count
-        if count >= 2 * N:
-            best_depth = depth
+        keys = ["/".join(s[:depth]) for s in scopes if s]
+        _, inv = np.unique(keys, return_inverse=True)
+        share = float(np.bincount(inv, weights=w[has]).max()) / total_w if len(keys) else 1.0
+        if share < best_share - 1e-12:
+            best_depth, best_share = depth, share
+        if share <= 1.0 / (2 * N):
             break
     keys = ["/".join(s[:best_depth]) if s else "" for s in scopes]
-    w = p.mean_gpu_cost()
-    block_of: dict[str, int] = {}
-    for i, k in enumerate(keys):  # blocks numbered in the topological order of their first op
-        if k and k not in block_of:
-            block_of[k] = len(block_of)
-    if not block_of:
+    names = sorted({k for k in keys if k})
+    if not names:
         return np.full(p.n, -1, np.int64)
-    b = np.array([block_of.get(k, -1) for k in keys])
-    comp = np.bincount(b[b >= 0], weights=w[b >= 0], minlength=len(block_of))
+    pos = {k: j for j, k in enumerate(names)}
+    b = np.array([pos.get(k, -1) for k in keys])
+    # blocks in the topological order of their forward computing ops (median index of forward ops that have
+    # inputs; variable reads and constants sit at the start of the order whatever layer they feed)
+    computing = (np.diff(p.pred_ptr) > 0) & ~np.fromiter((bool(_BACKWARD.match(nm)) for nm in p.graph.names),
+                                                         bool, p.n)
+    med = np.array([np.median(np.flatnonzero((b == j) & computing)) if ((b == j) & computing).any()
+                    else np.median(np.flatnonzero(b == j)) for j in range(len(names))])
+    rank = np.empty(len(names), np.int64)
+    rank[np.argsort(med, kind="stable")] = np.arange(len(names))
+    b = np.where(b >= 0, rank[np.maximum(b, 0)], -1)
+    comp = np.bincount(b[b >= 0], weights=w[b >= 0], minlength=len(names))
     total = comp.sum()
     if total <= 0:
         comp = np.ones_like(comp)
