@@ -308,6 +308,19 @@ def test_empty_file_and_graph(tmp_path):
         load(tf.Graph().as_graph_def(), fetches=["x"], cache=False)
 
 
+def test_dangling_input_and_bad_keras_file(tmp_path):
+    gd = plain_graph().as_graph_def()
+    for n in gd.node:
+        if n.name == "c":
+            n.input[1] = "ghost"
+    with pytest.raises(GraphImportError, match=r"\['ghost'\] are used as inputs but not defined"):
+        load(gd, fetches=["d"], cache=False)
+    p = tmp_path / "bad.keras"
+    p.write_bytes(b"PK\x03\x04 definitely not a keras archive")
+    with pytest.raises(GraphImportError, match="cannot load Keras model"):
+        load(p, batch_size=2, cache=False)
+
+
 def test_not_a_saved_model_dir(tmp_path):
     with pytest.raises(GraphImportError, match="not a SavedModel"):
         load(tmp_path)
