@@ -46,6 +46,18 @@ def test_measures_small_graph_on_two_logical_cpus(runner, mlp):
         assert len(o.runs) == 3 and all(r > 0 for r in o.runs)
         assert o.step_time == pytest.approx(float(np.median(o.runs)))
         assert o.on_assigned_device == 1.0
+    # nothing was rewritten away: every op the train step needs ran under its own name (fed placeholders aside)
+    need, stack = set(), [mlp.index("train")]
+    preds: dict[int, list[int]] = {}
+    for s, d in list(zip(mlp.edge_src, mlp.edge_dst)) + list(zip(mlp.ctrl_src, mlp.ctrl_dst)):
+        preds.setdefault(int(d), []).append(int(s))
+    while stack:
+        i = stack.pop()
+        if i not in need:
+            need.add(i)
+            stack.extend(preds.get(i, []))
+    expected = sum(1 for i in need if mlp.types[i] != "Placeholder")
+    assert outs[1].executed == expected
     # the single-device placement allocated nothing on /CPU:1; the split one used both devices
     assert outs[0].peak_memory[1] == 0 and outs[1].peak_memory[:2].min() > 0
     assert runner.available == ["/CPU:0", "/CPU:1"]

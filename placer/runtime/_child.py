@@ -85,6 +85,12 @@ class _State:
         oo.do_common_subexpression_elimination = False
         oo.do_function_inlining = False
         self.config = cfg
+        try:   # TF's ReplicateConstantsPass copies small constants to each consumer's device: keep them placed
+            from tensorflow.core.config import flags as tf_flags
+
+            tf_flags.config().enable_aggressive_constant_replication.reset(False)
+        except (ImportError, AttributeError):
+            pass
         from placer.runtime.devices import device_of_trace
 
         with tf.Graph().as_default():

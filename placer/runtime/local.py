@@ -8,8 +8,8 @@
 How a measurement runs: the graph's runnable MetaGraphDef is imported once into a long-lived child process
 (TensorFlow takes seconds to start); for each placement every op's device is set from the index array
 (`graph.names[i]` -> `devices[placement[i]]`), a `tf.compat.v1.Session` is made with soft placement OFF and
-Grappler OFF (`disable_meta_optimizer`, classic optimizer at L0: no folding, no CSE, no inlining — the graph
-measured is the graph placed), variables are initialised, placeholders get synthetic inputs of their shapes and
+Grappler OFF (`disable_meta_optimizer`, classic optimizer at L0: no folding, no CSE, no inlining, and TF's
+small-constant replication off — the graph measured is the graph placed: only Send/Recv nodes are added), variables are initialised, placeholders get synthetic inputs of their shapes and
 dtypes, W warm-up steps run, then N timed steps (wall clock around `Session.run`). The Outcome has the median,
 every run, and `on_assigned_device`: the fraction of executed placed ops that ran on their assigned device,
 read from the step stats of one extra FULL_TRACE step. Peak memory per device is the largest allocator peak
@@ -309,6 +309,7 @@ class LocalRunner(Evaluator):
         out = Outcome(step_time=float(np.median(runs_s)), peak_memory=peak, runs=runs_s,
                       on_assigned_device=res.get("on_assigned_device"))
         out.peak_by_device = dict(res["peak_memory"])  # type: ignore[attr-defined]
+        out.executed = int(res.get("executed", 0))  # type: ignore[attr-defined]  # placed ops seen in the trace
         # seconds spent re-placing ops, making the session + initialising, and in total before the timed runs
         out.timing = {k: float(res.get(k, 0.0)) for k in ("place_s", "init_s", "setup_s")}  # type: ignore[attr-defined]
         if profile_runs:
