@@ -131,3 +131,39 @@ def test_graph_without_tf_is_rejected():
     g = OpGraph.build([("a", "Const", 4)])
     with pytest.raises(MeasurementError, match="no runnable"):
         LocalRunner(g, "cpu:1")
+
+
+def test_child_never_outlives_its_parent(tmp_path):
+    """A search killed with SIGKILL leaves no TF process behind, even one busy in a hung step."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, numpy as np\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "from runtime_util import hang_graph\n"
+        "from placer.runtime.local import LocalRunner\n"
+        "g = hang_graph()\n"
+        "r = LocalRunner(g, 'cpu:1', timeout=600).start()\n"
+        "print(r._child.proc.pid, flush=True)\n"
+        "r.evaluate([np.zeros(g.num_ops, int)])\n")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        child = int(p.stdout.readline())
+        time.sleep(1.0)                      # the child is now blocked inside the hanging step
+        os.kill(child, 0)
+    finally:
+        p.kill()
+        p.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the measurement child outlived its parent")

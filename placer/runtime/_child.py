@@ -256,10 +256,28 @@ def _op_times(step_stats, assigned: dict) -> dict[str, tuple[str, float]]:
     return {k: (v[0], v[1]) for k, v in best.items()}
 
 
+def _die_with_parent() -> None:
+    """Exit as soon as the parent is gone, even while busy inside a long TF step (TF releases the GIL), so a
+    measurement child never outlives the search or worker that started it. (A watchdog thread rather than
+    PR_SET_PDEATHSIG, which fires when the spawning *thread* ends.)"""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
 def main(argv: list[str]) -> int:
     from multiprocessing.connection import Connection
 
     fd_in, fd_out = int(argv[1]), int(argv[2])
+    _die_with_parent()
     # keep the protocol pipe clean: anything written to stdout goes to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
