@@ -92,7 +92,7 @@ FEEDS_COLLECTION = "placer_feeds"
 INIT_OP_NAME = "placer_init"
 UNKNOWN_DIM_FALLBACK = 1
 HANDLE_BYTES = 8
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 ASSIGN_OPS = frozenset({"Assign", "AssignVariableOp"})
@@ -627,7 +627,7 @@ def _group_control_fetches(gd, fetches: list[str]) -> list[str]:
     node = gd.node.add()
     node.name = _unique("train_op", taken)
     node.op = "NoOp"
-    node.input.extend("^" + f for f in ops_)
+    node.input.extend("^" + f for f in sorted(ops_))
     return [f for f in fetches if ":" in f] + [node.name]
 
 
@@ -807,6 +807,11 @@ def _convert(gd, fetches: list[str], *, batch_size: int | None, name: str, where
         nn = out_gd.node.add()
         nn.CopyFrom(nd)
         nn.device = ""
+        ctrl = [i for i in nn.input if i.startswith("^")]
+        if len(ctrl) > 1:  # TF2 auto control deps come in set order: sort them for a stable fingerprint
+            data = [i for i in nn.input if not i.startswith("^")]
+            del nn.input[:]
+            nn.input.extend(data + sorted(set(ctrl)))
         if "_class" in nn.attr:  # drop colocation with ops that are not kept (TF refuses to import those)
             vals = [v for v in nn.attr["_class"].list.s if v.decode(errors="replace")[5:] in everything]
             if vals:
