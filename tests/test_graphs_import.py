@@ -221,6 +221,22 @@ def test_nested_function_is_inlined():
     run_meta_graph(g)
 
 
+def test_tf1_graph_calling_a_tf_function_is_inlined():
+    g = tf.Graph()
+    with g.as_default():
+        @tf.function
+        def f(x):
+            return tf.nn.relu(x * 2.0)
+
+        x = tf.constant(np.ones((2, 2), np.float32), name="x")
+        tf.identity(f(x), name="out")
+    assert {"PartitionedCall", "StatefulPartitionedCall"} & {op.type for op in g.get_operations()}
+    og = load(g, fetches=["out:0"], cache=False)
+    assert {"Relu", "Mul"} <= set(og.types)
+    assert not {"PartitionedCall", "StatefulPartitionedCall"} & set(og.types)
+    assert np.allclose(run_meta_graph(og)[0], 2.0)
+
+
 def test_saved_model_dir(tmp_path):
     m = Tiny()
     tf.saved_model.save(m, str(tmp_path / "sm"), signatures={"train": m.train.get_concrete_function()})

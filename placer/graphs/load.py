@@ -760,11 +760,13 @@ def _convert(gd, fetches: list[str], *, batch_size: int | None, name: str, where
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2
 
-    nodes = {n.name: n for n in gd.node}
-    if not nodes:
+    if not len(gd.node):
         raise GraphImportError(f"{where}: the graph is empty (no ops)")
     if not fetches:
         raise GraphImportError(f"{where}: no fetches given (train op / loss names)")
+    if len(gd.library.function) and any(n.op in ("PartitionedCall", "StatefulPartitionedCall") for n in gd.node):
+        gd = _inline_functions(gd, fetches, where)
+    nodes = {n.name: n for n in gd.node}
     fetches = list(dict.fromkeys(f.decode() if isinstance(f, bytes) else str(f) for f in fetches))
     for f in fetches:
         if _op_name(f) not in nodes:
