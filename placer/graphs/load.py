@@ -20,8 +20,8 @@ Accepted sources
 
 What the import does
 --------------------
-1. TF2 graphs: function calls (``PartitionedCall``/``StatefulPartitionedCall``) are inlined with Grappler's
-   function optimizer; captured variables (resource placeholders) become real ``VarHandleOp`` s (their shape,
+1. Function calls (``PartitionedCall``/``StatefulPartitionedCall``, in any source graph) are inlined with
+   Grappler's function optimizer. TF2 functions: captured variables (resource placeholders) become real ``VarHandleOp`` s (their shape,
    dtype, ``shared_name`` = the op name) named after the variable (``v.name``), other captured eager tensors
    become ``Const`` s.
 2. Prune to what the fetches need (data + control inputs, transitively).
