@@ -113,19 +113,26 @@ def run_cell(s: CellSettings, out_dir: Path, *, progress: bool = False) -> dict:
     cell_dir = out_dir / f"{s.model}_{s.gpus}x{s.kind}"
     cell_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    res = place(graph, cluster=cluster, budget_seconds=s.budget, seed=s.seed, costs=costs, out_dir=str(cell_dir),
-                progress=progress)
+    search_error = None
+    try:
+        res = place(graph, cluster=cluster, budget_seconds=s.budget, seed=s.seed, costs=costs,
+                    out_dir=str(cell_dir), progress=progress)
+    except PlacerError as e:  # the cell still records the baselines; the table says the search failed
+        log.warning("bench: search failed for %s on %dx%s: %s", s.model, s.gpus, s.kind, e)
+        res, search_error = None, str(e)
     search_wall = time.perf_counter() - t0
-    # the returned placement, re-simulated with this cell's simulator
-    rl_pl = res.placement.to_indices(graph, cluster.device_names)
-    r = sim.simulate(rl_pl)
-    rl_s = None if r.oom else float(r.step_time)
-    rl_from = str(res.extra.get("source", "search")) if getattr(res, "extra", None) else "search"
+    rl_s, rl_from = None, "search"
+    if res is not None:
+        # the returned placement, re-simulated with this cell's simulator
+        r = sim.simulate(res.placement.to_indices(graph, cluster.device_names))
+        rl_s = None if r.oom else float(r.step_time)
+        extra = getattr(res, "extra", None) or {}
+        rl_from = str(extra.get("source", "search"))
     bname, bval = best_baseline(times)
     if bval is not None and (rl_s is None or bval < rl_s):
         # the search's baseline floor did not include this baseline: return the better one (and say so)
         rl_s, rl_from = bval, bname
-    search_best = _num(getattr(res, "search_best", None))
+    search_best = _num(getattr(res, "search_best", None)) if res is not None else None
     history = [h for h in (getattr(res, "history", None) or []) if isinstance(h, dict)]
     (cell_dir / "history.json").write_text(json.dumps(history, default=float))
     return {
@@ -133,6 +140,7 @@ def run_cell(s: CellSettings, out_dir: Path, *, progress: bool = False) -> dict:
         "baselines": {k: _num(v) for k, v in times.items()},
         "rl_s": _num(rl_s), "search_best_s": search_best, "lower_bound_s": lb,
         "search_wall_s": float(getattr(res, "wall_s", 0.0) or search_wall),
+        "search_error": search_error,
         "settings": s.key(), "rl_from": rl_from,
         "baseline_wall_s": {k: round(v, 4) for k, v in walls.items()}, "baseline_errors": errors,
         "evaluations": int(getattr(res, "evaluations", 0) or 0), "ops": int(graph.num_ops),
@@ -282,6 +290,10 @@ def write_report(results: list[dict], out: Path, command: str = "") -> None:
     if errs:
         lines += ["## Baselines that did not fit or could not be built", ""]
         lines += [f"- {m} on {n} GPUs, {k}: {v}" for m, n, k, v in errs] + [""]
+    fails = [(c["model"], c["gpus"], c["search_error"]) for c in results if c.get("search_error")]
+    if fails:
+        lines += ["## Cells where the search failed (RL = best baseline)", ""]
+        lines += [f"- {m} on {n} GPUs: {e}" for m, n, e in fails] + [""]
     (out / "RESULTS.md").write_text("\n".join(x for x in lines if x is not None) + "\n")
 
 
