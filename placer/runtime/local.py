@@ -12,7 +12,7 @@ Grappler OFF (`disable_meta_optimizer`, classic optimizer at L0: no folding, no 
 small-constant replication off — the graph measured is the graph placed: only Send/Recv nodes are added), variables are initialised, placeholders get synthetic inputs of their shapes and
 dtypes, W warm-up steps run, then N timed steps (wall clock around `Session.run`). The Outcome has the median,
 every run, and `on_assigned_device`: the fraction of executed placed ops that ran on their assigned device,
-read from the step stats of one extra FULL_TRACE step. Peak memory per device is the largest allocator peak
+read from the step stats of the last warm-up step, run with FULL_TRACE (an extra step when warmup=0). Peak memory per device is the largest allocator peak
 seen in that trace.
 
 Failures never reach the caller as exceptions: a TF error (bad device, colocation conflict, OOM) is a failed
