@@ -9,11 +9,12 @@ How a measurement runs: the graph's runnable MetaGraphDef is imported once into 
 (TensorFlow takes seconds to start); for each placement every op's device is set from the index array
 (`graph.names[i]` -> `devices[placement[i]]`), a `tf.compat.v1.Session` is made with soft placement OFF and
 Grappler OFF (`disable_meta_optimizer`, classic optimizer at L0: no folding, no CSE, no inlining, and TF's
-small-constant replication off — the graph measured is the graph placed: only Send/Recv nodes are added), variables are initialised, placeholders get synthetic inputs of their shapes and
-dtypes, W warm-up steps run, then N timed steps (wall clock around `Session.run`). The Outcome has the median,
-every run, and `on_assigned_device`: the fraction of executed placed ops that ran on their assigned device,
-read from the step stats of the last warm-up step, run with FULL_TRACE (an extra step when warmup=0). Peak memory per device is the largest allocator peak
-seen in that trace.
+small-constant replication off — the graph measured is the graph placed: only Send/Recv nodes are added),
+variables are initialised, placeholders get synthetic inputs of their shapes and dtypes, W warm-up steps run,
+then N timed steps (wall clock around `Session.run`). The Outcome has the median, every run, and
+`on_assigned_device`: the fraction of executed placed ops that ran on their assigned device, read from the step
+stats of the last warm-up step, run with FULL_TRACE (an extra step when warmup=0). Peak memory per device is the
+largest allocator peak seen in that trace.
 
 Failures never reach the caller as exceptions: a TF error (bad device, colocation conflict, OOM) is a failed
 Outcome with TF's first message lines; a hang is cut at `timeout` seconds (the child is killed); a crash or a
