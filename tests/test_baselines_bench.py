@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from placer.baselines.bench import RESULT_KEYS, best_baseline, evaluate_baselines, write_report
+from placer.baselines.bench import RESULT_KEYS, _curve, best_baseline, evaluate_baselines, write_report
 
 
 def test_best_baseline_ignores_nulls_and_sanity_checks():
@@ -29,7 +29,7 @@ def test_report_table_and_figures(tmp_path):
     results = [_cell("nmt", 2, 0.8, 1.6), _cell("nmt", 4, 0.7, 1.4), _cell("rnnlm", 2, 0.9, 1.0)]
     (tmp_path / "nmt_2xK80").mkdir()
     (tmp_path / "nmt_2xK80" / "history.json").write_text(json.dumps(
-        [{"wall_s": float(i), "best_s": 1.0 / (1 + i)} for i in range(10)]))
+        [{"wall_s": float(i), "search_best_s": 2.0 / (1 + i), "best_s": 1.0} for i in range(10)]))
     write_report(results, tmp_path, command="placer bench --models nmt")
     md = (tmp_path / "RESULTS.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| Model"))
@@ -40,6 +40,9 @@ def test_report_table_and_figures(tmp_path):
     assert "+25.0%" in row  # best baseline m_etf 1.0 / RL 0.8 - 1
     assert "| 1.60 |" in row  # RL / lower bound = 0.8 / 0.5
     assert "out of memory on /GPU:0" in md
+    xs, ys = _curve([{"wall_s": 0.0, "search_best_s": float("inf")}, {"wall_s": 1.0, "search_best_s": 2.0},
+                     {"wall_s": 2.0, "search_best_s": 3.0}, {"wall_s": 3.0, "search_best_s": 0.5}], norm=1.0)
+    assert xs.tolist() == [1.0, 2.0, 3.0] and ys.tolist() == [2.0, 2.0, 0.5]  # best so far / best baseline
     for f in ("bars_nmt.png", "bars_rnnlm.png", "learning_curves.png"):
         assert (tmp_path / f).stat().st_size > 1000, f
         assert f in md

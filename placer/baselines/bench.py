@@ -336,16 +336,17 @@ def plot_figures(results: list[dict], out: Path) -> list[Path]:
             hist = json.loads(hp.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        xs, ys = _curve(hist)
+        xs, ys = _curve(hist, best_baseline(c.get("baselines", {}))[1])
         if len(xs):
             curves.append((f"{c['model']} {c['gpus']}x{c['kind']}", xs, ys))
     if curves:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for label, xs, ys in curves:
             ax.plot(xs, ys, label=label)
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
         ax.set_xlabel("search wall time (s)")
-        ax.set_ylabel("best sampled step time / first (lower is better)")
-        ax.set_title("learning curves")
+        ax.set_ylabel("policy's best step time / best baseline")
+        ax.set_title("learning curves (below 1 = the policy beats every baseline)")
         ax.legend(fontsize=7)
         fig.tight_layout()
         f = out / "learning_curves.png"
@@ -355,18 +356,21 @@ def plot_figures(results: list[dict], out: Path) -> list[Path]:
     return files
 
 
-def _curve(hist: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """(x, best-so-far / first best) from a search history: x = wall seconds (else evaluations, else index)."""
-    xk = next((k for k in ("wall_s", "elapsed_s", "time_s", "evaluations", "step") if hist and k in hist[0]), None)
-    yk = next((k for k in ("best_s", "search_best_s", "best", "best_step_time", "step_time_s", "mean_s")
-               if hist and k in hist[0]), None)
+def _curve(hist: list[dict], norm: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) from a search history (`placer.rl.search` rows): x = wall seconds (else evaluations, else index),
+    y = the best step time the policy itself has sampled so far (`search_best_s`, else `best_s`), divided by
+    `norm` (the cell's best baseline) or else by its first finite value."""
+    xk = next((k for k in ("wall_s", "evaluations", "update") if hist and k in hist[0]), None)
+    yk = next((k for k in ("search_best_s", "best_s", "min_s") if hist and k in hist[0]), None)
     if yk is None:
         return np.zeros(0), np.zeros(0)
     ys = np.array([h.get(yk) if h.get(yk) is not None else np.nan for h in hist], float)
-    ys = np.fmin.accumulate(np.where(np.isfinite(ys), ys, np.nan))
+    ys = np.where(np.isfinite(ys), ys, np.nan)
+    ys = np.fmin.accumulate(np.where(np.isnan(ys), np.inf, ys))
+    ys[~np.isfinite(ys)] = np.nan
     xs = np.array([h.get(xk, i) for i, h in enumerate(hist)], float) if xk else np.arange(len(hist), dtype=float)
     ok = np.isfinite(ys)
     if not ok.any():
         return np.zeros(0), np.zeros(0)
-    first = ys[ok][0]
-    return xs[ok], ys[ok] / first
+    scale = norm if norm else ys[ok][0]
+    return xs[ok], ys[ok] / scale
