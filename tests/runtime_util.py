@@ -75,7 +75,7 @@ def device_indices(graph: OpGraph, fn) -> np.ndarray:
     return np.asarray([fn(i, n) for i, n in enumerate(graph.names)], dtype=np.int64)
 
 
-def start_worker(*extra: str, timeout: float = 60.0):
+def start_worker(*extra: str, timeout: float = 60.0, listen: str = "127.0.0.1:0"):
     """Start `placer worker --listen 127.0.0.1:0 ...` as a subprocess; returns (Popen, "127.0.0.1:PORT")."""
     import os
     import select
@@ -83,7 +83,7 @@ def start_worker(*extra: str, timeout: float = 60.0):
     import sys
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    p = subprocess.Popen([sys.executable, "-m", "placer", "worker", "--listen", "127.0.0.1:0", *extra],
+    p = subprocess.Popen([sys.executable, "-m", "placer", "worker", "--listen", listen, *extra],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
     ready, _, _ = select.select([p.stdout], [], [], timeout)
     line = p.stdout.readline() if ready else ""

@@ -168,3 +168,21 @@ def test_tls_and_token_in_process(tmp_path):
                                                         metadata=(("x-placer-token", "tok"),))
     finally:
         w.stop()
+
+
+@pytest.mark.slow
+def test_restarted_worker_rejoins_and_gets_the_graph_again(graph):
+    p, addr = start_worker("--devices", "cpu:1")
+    port = addr.rsplit(":", 1)[1]
+    pool = RemotePool(graph, [addr], "cpu:1", warmup=0, runs=1, timeout=120, health_interval=0)
+    try:
+        assert pool.evaluate(_placements(graph, 1))[0].ok
+        stop_worker(p)
+        with pytest.raises(MeasurementError, match="no measurement worker is alive"):
+            pool.evaluate(_placements(graph, 1))
+        p, _ = start_worker("--devices", "cpu:1", listen=f"127.0.0.1:{port}")
+        [o] = pool.evaluate(_placements(graph, 1))     # health check revives it; LoadGraph is sent again
+        assert o.ok and o.worker == addr and pool.workers[0].alive
+    finally:
+        pool.close()
+        stop_worker(p)

@@ -88,7 +88,10 @@ class RemotePool(Evaluator):
                     creds = grpc.ssl_channel_credentials(root_certificates=f.read())
             except OSError as e:
                 raise MeasurementError(f"cannot read TLS CA file {tls_ca}: {e}") from None
-        opts = grpc_options(max_message_bytes)
+        # a restarted worker should be found again quickly (gRPC's default reconnect backoff grows to 120 s)
+        opts = grpc_options(max_message_bytes) + [("grpc.initial_reconnect_backoff_ms", 500),
+                                                  ("grpc.min_reconnect_backoff_ms", 500),
+                                                  ("grpc.max_reconnect_backoff_ms", 5000)]
         self.workers: list[_Worker] = []
         for a in addresses:
             ch = grpc.secure_channel(a, creds, options=opts) if creds else grpc.insecure_channel(a, options=opts)
@@ -106,12 +109,12 @@ class RemotePool(Evaluator):
         det = e.details() if hasattr(e, "details") else str(e)
         return f"{code.name if code else 'error'}: {det}"
 
-    def health(self, w: _Worker, timeout: float = 10.0) -> bool:
-        """Ask one worker if it is up; updates its state."""
+    def health(self, w: _Worker, timeout: float = 3.0) -> bool:
+        """Ask one worker if it is up (waiting up to `timeout` s for the channel to reconnect); updates its state."""
         from placer.runtime import placer_pb2
 
         try:
-            w.stub.Health(placer_pb2.HealthRequest(), timeout=timeout, metadata=self._md)
+            w.stub.Health(placer_pb2.HealthRequest(), timeout=timeout, metadata=self._md, wait_for_ready=True)
         except self._grpc.RpcError as e:
             self._fail(w, self._rpc_error(e))
             return False
