@@ -1,0 +1,241 @@
+"""The placement policy: a seq2seq network over the groups (Mirhoseini et al. 2017, §3; TF's
+`tensorflow/python/grappler/hierarchical_controller.py`, whose `encode`/`decode` this follows).
+
+    encoder: a bidirectional LSTM reads the group feature vectors in order (topological order of the groups)
+    decoder: an LSTM that, for group t, takes the embedding of the device chosen for group t-1 (a learned
+             "go" embedding for t = 0) together with group t's own encoder state (input and output sequences
+             are aligned one to one; without it the decoder must learn the alignment through attention
+             alone, which REINFORCE did not manage on our toy tasks), attends over the encoder states with
+             additive (Bahdanau) attention, and emits logits over the devices:
+                 logits = C · tanh((W [h_t; context_t]) / T)   (tanh clipping C, temperature T)
+                 logits += noise_scale · avg|logits| · N(0, 1)  (logit noise early in training)
+                 logits[~allowed] = -inf                        (masked devices get probability 0)
+
+Everything is batched over K samples: `sample(K)` draws K placements in one call (a `tf.while_loop` over the
+groups), and `log_probs(actions, noise)` re-scores them in one call with teacher forcing (one `tf.scan` for the
+decoder LSTM, then the attention for every step at once). The logit noise drawn while sampling is returned and
+fed back to `log_probs`, so the log-probabilities used for the gradient are exactly those of the distribution
+the samples came from.
+
+Example:
+    >>> import numpy as np
+    >>> pol = PlacementPolicy(np.random.rand(6, 5).astype("float32"), np.ones((6, 3), bool), hidden_size=16)
+    >>> actions, noise = pol.sample(4, noise_scale=0.5)
+    >>> actions.shape, noise.shape
+    ((4, 6), (4, 6, 3))
+
+TensorFlow is imported at module import: import this module lazily from CLI paths.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+_NEG = -1e9  # logit given to masked devices (exp underflows to exactly 0 in float32)
+
+
+def _glorot(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Glorot-uniform init (the hierarchical controller's `glorot_uniform_initializer`)."""
+    fan_in, fan_out = shape[0], shape[-1]
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, size=shape).astype(np.float32)
+
+
+def _lstm_bias(units: int, forget_bias: float) -> np.ndarray:
+    """Gate order i, f, o, g (as in the controller's `lstm`); forget gate starts at `forget_bias`."""
+    b = np.zeros(4 * units, np.float32)
+    b[units:2 * units] = forget_bias
+    return b
+
+
+def _lstm_gates(z: tf.Tensor, c: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    i, f, o, g = tf.split(z, 4, axis=-1)
+    c = tf.sigmoid(i) * tf.tanh(g) + tf.sigmoid(f) * c
+    h = tf.sigmoid(o) * tf.tanh(c)
+    return c, h
+
+
+class PlacementPolicy(tf.Module):
+    """Seq2seq placement policy for one grouping (G groups, F features) and one device set (D devices).
+
+    features: float32[G, F] group features (Grouping.features); allowed: bool[G, D] (every row needs at least
+    one True). hidden_size: LSTM width (the encoder's two directions get hidden_size/2 each, as in the
+    controller); attn_size: width of the additive attention. The policy's randomness comes from its own
+    `tf.random.Generator` (`self.rng`), whose state is a variable and is checkpointed with the weights.
+    """
+
+    def __init__(self, features: np.ndarray, allowed: np.ndarray, *, hidden_size: int = 256,
+                 attn_size: int = 64, temperature: float = 1.0, tanh_constant: float = 5.0,
+                 forget_bias: float = 1.0, group_embedding: int = 0, seed: int = 0,
+                 name: str = "placement_policy"):
+        super().__init__(name=name)
+        features = np.asarray(features, np.float32)
+        allowed = np.asarray(allowed, bool)
+        if features.ndim != 2 or allowed.ndim != 2 or allowed.shape[0] != features.shape[0]:
+            raise ValueError(f"features {features.shape} and allowed {allowed.shape} must be [G, F] and [G, D]")
+        if not allowed.any(axis=1).all():
+            bad = int(np.flatnonzero(~allowed.any(axis=1))[0])
+            raise ValueError(f"group {bad} has no allowed device")
+        if hidden_size % 2:
+            raise ValueError("hidden_size must be even (two encoder directions)")
+        self.num_groups, self.num_features = features.shape
+        self.num_devices = allowed.shape[1]
+        self.hidden_size, self.attn_size = hidden_size, attn_size
+        self.temperature, self.tanh_constant = float(temperature), float(tanh_constant)
+        G, D, H, A, h2 = self.num_groups, self.num_devices, hidden_size, attn_size, hidden_size // 2
+        F = self.num_features + group_embedding
+        rng = np.random.default_rng(seed)
+
+        self.features = tf.constant(features)
+        self.allowed = tf.constant(allowed)
+        with self.name_scope:
+            v = lambda a, n: tf.Variable(a, name=n)  # noqa: E731
+            # optional learned per-group embedding appended to the features (a position embedding)
+            self.group_emb = v(0.1 * rng.standard_normal((G, group_embedding)).astype(np.float32), "group_embedding") \
+                if group_embedding else None
+            # encoder (bidirectional LSTM, hidden/2 per direction): input and recurrent weights
+            self.enc_fw_wx = v(_glorot(rng, (F, 4 * h2)), "enc_fw_wx")
+            self.enc_fw_wh = v(_glorot(rng, (h2, 4 * h2)), "enc_fw_wh")
+            self.enc_fw_b = v(_lstm_bias(h2, forget_bias), "enc_fw_b")
+            self.enc_bw_wx = v(_glorot(rng, (F, 4 * h2)), "enc_bw_wx")
+            self.enc_bw_wh = v(_glorot(rng, (h2, 4 * h2)), "enc_bw_wh")
+            self.enc_bw_b = v(_lstm_bias(h2, forget_bias), "enc_bw_b")
+            # decoder LSTM reading the previous group's device embedding
+            self.device_emb = v(_glorot(rng, (D, H)), "device_embeddings")
+            self.go_emb = v(_glorot(rng, (1, H)), "device_go_embedding")
+            self.dec_wx = v(_glorot(rng, (H, 4 * H)), "dec_wx")
+            self.dec_we = v(_glorot(rng, (H, 4 * H)), "dec_we")   # aligned encoder state of group t
+            self.dec_wh = v(_glorot(rng, (H, 4 * H)), "dec_wh")
+            self.dec_b = v(_lstm_bias(H, forget_bias), "dec_b")
+            # additive attention: score(h, m_j) = v · tanh(W1 m_j + W2 h)
+            self.attn_w1 = v(_glorot(rng, (H, A)), "attn_w1")
+            self.attn_w2 = v(_glorot(rng, (H, A)), "attn_w2")
+            self.attn_v = v(_glorot(rng, (A, 1))[:, 0], "attn_v")
+            # device softmax over [h_t; context_t]
+            self.out_w = v(_glorot(rng, (H + A, D)), "device_softmax")
+        self.rng = tf.random.Generator.from_seed(seed)
+
+        spec_k = tf.TensorSpec([], tf.int32)
+        spec_f = tf.TensorSpec([], tf.float32)
+        self._sample_fn = tf.function(self._sample, input_signature=[spec_k, spec_f, tf.TensorSpec([], tf.bool)])
+        self._log_probs_fn = tf.function(self._log_probs, input_signature=[
+            tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32), spec_f])
+
+    # ---------------------------------------------------------------- shared pieces
+    def _encode(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Bi-LSTM over the groups (batch 1: the input is the same for every sample).
+        Returns enc [G, H], attention memory W1·enc [G, A], and the final state (c, h) [1, H]."""
+        x = self.features if self.group_emb is None else tf.concat([self.features, self.group_emb], -1)
+        h2 = self.hidden_size // 2
+        xw_fw = x @ self.enc_fw_wx + self.enc_fw_b               # [G, 4h2]
+        xw_bw = tf.reverse(x, [0]) @ self.enc_bw_wx + self.enc_bw_b
+
+        def step(carry, xw):
+            c_f, h_f, c_b, h_b = carry
+            c_f, h_f = _lstm_gates(xw[0][None] + h_f @ self.enc_fw_wh, c_f)
+            c_b, h_b = _lstm_gates(xw[1][None] + h_b @ self.enc_bw_wh, c_b)
+            return c_f, h_f, c_b, h_b
+
+        z = tf.zeros([1, h2])
+        c_f, h_f, c_b, h_b = tf.scan(step, tf.stack([xw_fw, xw_bw], axis=1), initializer=(z, z, z, z))
+        enc = tf.concat([h_f[:, 0], tf.reverse(h_b[:, 0], [0])], axis=-1)  # [G, H], aligned per group
+        last_c = tf.concat([c_f[-1], c_b[-1]], axis=-1)
+        last_h = tf.concat([h_f[-1], h_b[-1]], axis=-1)
+        return enc, enc @ self.attn_w1, last_c, last_h
+
+    def _clip(self, raw: tf.Tensor) -> tf.Tensor:
+        """C · tanh(raw / T) (the controller divides by the temperature, then clips with tanh)."""
+        if self.tanh_constant <= 0:          # as in the controller: tanh_constant <= 0 turns clipping off
+            return raw / self.temperature
+        return self.tanh_constant * tf.tanh(raw / self.temperature)
+
+    @staticmethod
+    def _noise_std(logits: tf.Tensor, axes) -> tf.Tensor:
+        """The controller's noise scale: RMS of the logits (no gradient through it)."""
+        return tf.stop_gradient(tf.sqrt(tf.reduce_mean(tf.square(logits), axis=axes, keepdims=True)))
+
+    # ---------------------------------------------------------------- sampling
+    def _sample(self, k: tf.Tensor, noise_scale: tf.Tensor, greedy: tf.Tensor):
+        G, D = self.num_groups, self.num_devices
+        enc, mem, c0, h0 = self._encode()
+        enc_w = enc @ self.dec_we + self.dec_b                                        # [G, 4H], same for all k
+        c = tf.tile(c0, [k, 1])
+        h = tf.tile(h0, [k, 1])
+        inp = tf.tile(self.go_emb, [k, 1])
+        # all randomness drawn up front (fewer ops per loop step): logit noise and Gumbel noise
+        eps = self.rng.normal([G, k, D])
+        gumbel = -tf.math.log(-tf.math.log(self.rng.uniform([G, k, D], 1e-20, 1.0)))
+        gumbel = tf.where(greedy, tf.zeros_like(gumbel), gumbel)
+        not_allowed = tf.cast(tf.logical_not(self.allowed), tf.float32) * _NEG      # [G, D]
+        actions = tf.TensorArray(tf.int32, size=G)
+        for t in tf.range(G):
+            c, h = _lstm_gates(inp @ self.dec_wx + h @ self.dec_wh + enc_w[t][None], c)
+            score = tf.tensordot(tf.tanh((h @ self.attn_w2)[:, None, :] + mem[None]), self.attn_v, 1)  # [K, G]
+            ctx = tf.nn.softmax(score) @ mem                                                  # [K, A]
+            logits = self._clip(tf.concat([h, ctx], -1) @ self.out_w)                        # [K, D]
+            logits += noise_scale * self._noise_std(logits, None) * eps[t] + not_allowed[t]
+            a = tf.cast(tf.argmax(logits + gumbel[t], -1), tf.int32)   # Gumbel-max = a categorical sample
+            actions = actions.write(t, a)
+            inp = tf.gather(self.device_emb, a)
+        return tf.transpose(actions.stack()), tf.transpose(eps, [1, 0, 2])
+
+    def sample(self, k: int, noise_scale: float = 0.0, greedy: bool = False):
+        """Draw k placements: int32[k, G] device per group, and the standard-normal logit noise
+        float32[k, G, D] used (pass it to `log_probs`). greedy=True takes the argmax instead of sampling."""
+        a, eps = self._sample_fn(tf.constant(int(k), tf.int32), tf.constant(float(noise_scale), tf.float32),
+                                    tf.constant(bool(greedy)))
+        return a.numpy(), eps.numpy()
+
+    # ---------------------------------------------------------------- scoring (teacher forcing)
+    def _log_probs(self, actions: tf.Tensor, noise: tf.Tensor, noise_scale: tf.Tensor):
+        k = tf.shape(actions)[0]
+        enc, mem, c0, h0 = self._encode()
+        # decoder inputs: go, emb(a_0), ..., emb(a_{G-2})  → [G, K, H]
+        prev = tf.gather(self.device_emb, tf.transpose(actions[:, :-1]))
+        inp = tf.concat([tf.tile(self.go_emb[None], [1, k, 1]), prev], 0)
+        xw = tf.einsum("gkh,hj->gkj", inp, self.dec_wx) + (enc @ self.dec_we + self.dec_b)[:, None, :]
+
+        def step(carry, xw_t):
+            c, h = carry
+            return _lstm_gates(xw_t + h @ self.dec_wh, c)
+
+        _, hs = tf.scan(step, xw, initializer=(tf.tile(c0, [k, 1]), tf.tile(h0, [k, 1])))
+        hs = tf.transpose(hs, [1, 0, 2])                                                       # [K, G, H]
+        q = hs @ self.attn_w2                                                                  # [K, G, A]
+        # additive attention for every (sample, step, group): per sample, so the [G, G, A] temporaries
+        # stay cache-sized (measured faster than one [K, G, G, A] tensor)
+        score = tf.map_fn(lambda qk: tf.tensordot(tf.tanh(qk[:, None, :] + mem[None]), self.attn_v, 1), q)
+        ctx = tf.nn.softmax(score) @ mem                                                       # [K, G, A]
+        logits = self._clip(tf.concat([hs, ctx], -1) @ self.out_w)                            # [K, G, D]
+        logits += noise_scale * self._noise_std(logits, [0, 2]) * noise
+        logits = tf.where(self.allowed[None], logits, _NEG)
+        logsm = tf.nn.log_softmax(logits)
+        logp = tf.reduce_sum(tf.gather(logsm, actions, batch_dims=2), axis=1)                 # [K]
+        p = tf.exp(logsm)
+        entropy = -tf.reduce_mean(tf.reduce_sum(tf.where(self.allowed[None], p * logsm, 0.0), -1), axis=1)
+        return logp, entropy
+
+    def log_probs(self, actions, noise=None, noise_scale: float = 0.0):
+        """Teacher-forced log-probability of each placement (sum over groups) float32[K] and the mean
+        per-group entropy float32[K]. Differentiable: call under a `tf.GradientTape`."""
+        actions = tf.convert_to_tensor(actions, tf.int32)
+        if noise is None:
+            noise = tf.zeros([actions.shape[0], self.num_groups, self.num_devices])
+        return self._log_probs_fn(actions, tf.convert_to_tensor(noise, tf.float32),
+                                  tf.constant(float(noise_scale), tf.float32))
+
+    # ---------------------------------------------------------------- state (for checkpoints)
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Every weight and the RNG state as numpy arrays (keyed by variable name)."""
+        state = {v.name: v.numpy() for v in self.trainable_variables}
+        state["__rng_state__"] = self.rng.state.numpy()
+        return state
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        for v in self.trainable_variables:
+            if v.name not in state or tuple(state[v.name].shape) != tuple(v.shape):
+                raise KeyError(f"checkpoint has no weight {v.name} of shape {tuple(v.shape)}")
+            v.assign(state[v.name])
+        self.rng.state.assign(state["__rng_state__"])

@@ -1,0 +1,200 @@
+"""REINFORCE for device placement, CleanRL style: every hyperparameter in one dataclass (with its source), and
+one update readable top to bottom in `reinforce_update`.
+
+One update (Mirhoseini et al. 2017, §3.2; TF's hierarchical_controller.py):
+    1. sample K group→device placements from the policy (one batched call; logit noise early on)
+    2. expand each to an op→device array with the Grouping (CPU-only ops forced onto the CPU)
+    3. evaluate the K op placements in one `Evaluator.evaluate` call (simulator or real measurement)
+    4. reward R = -sqrt(step time); a failed placement (OOM, error) gets the step time `failure_step_time`
+    5. advantage A = R - b with b an exponential moving average of past mean rewards
+    6. loss = -mean_k(A_k · log π(a_k)) / G - entropy_coef · mean entropy; Adam step with global-norm clipping
+
+Example (toy evaluator: step time = number of groups not on device g % D):
+    >>> import numpy as np
+    >>> agent = Reinforce(np.eye(8, dtype="float32"), np.ones((8, 3), bool), ReinforceConfig(hidden_size=32))
+    >>> actions, noise = agent.sample()
+    >>> times = np.array([1.0 + (a != np.arange(8) % 3).sum() for a in actions])
+    >>> stats = agent.learn(actions, noise, agent.rewards(times, np.zeros(len(times), bool), 100.0))
+    >>> sorted(stats)[:3]
+    ['baseline', 'entropy', 'grad_norm']
+
+TensorFlow is imported at module import: import this module lazily from CLI paths.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from placer.rl.policy import PlacementPolicy
+
+
+@dataclass
+class ReinforceConfig:
+    # --- sampling ---
+    num_samples: int = 16            # K placements per update: the issue's default (Mirhoseini 2017 trained with
+                                     #   many parallel workers; 16 keeps one batched simulator call cheap)
+    # --- policy network ---
+    hidden_size: int = 128           # LSTM width. Mirhoseini 2017 §4: 256; hierarchical_controller: 512. 128 meets
+                                     #   the 0.5 s/update budget on 2 CPU cores (benchmarks/bench_search.py)
+    attn_size: int = 32              # additive-attention width (the controller uses hidden_size); the [K,G,G,A]
+                                     #   score tensor dominates the update time, so it is kept small
+    group_embedding: int = 16        # learned per-group embedding appended to the features (a position embedding):
+                                     #   gives each group its own parameters, so the policy does not collapse onto
+                                     #   one device for all groups before it can tell them apart (toy tasks)
+    forget_bias: float = 1.0         # hierarchical_controller forget_bias_init=1.0
+    temperature: float = 1.0         # hierarchical_controller temperature=1.0 (logits / T before the tanh)
+    tanh_constant: float = 5.0       # logits = C·tanh(logits/T). hierarchical_controller: 1.0 (with one placement
+                                     #   per step); 5.0 lets a group's best device reach p≈0.99 among 5 devices
+                                     #   (NAS/ENAS controllers use 1.1-2.5) so the policy can actually converge
+    noise_scale: float = 0.5         # logit noise std as a fraction of the logits' RMS:
+                                     #   hierarchical_controller logits_std_noise=0.5
+    noise_stop_update: int = 50      # noise off after this many updates: controller stop_noise_step=750 samples
+                                     #   ≈ 750 / 16 samples per update
+    # --- optimisation ---
+    learning_rate: float = 3e-3      # Adam. hierarchical_controller lr=0.1 (with tanh_constant 1); 3e-3 is stable
+                                     #   with C=5 on the toy and NMT benchmarks
+    grad_clip: float = 1.0           # global-norm clip: hierarchical_controller grad_bound=1.0
+    entropy_coef: float = 0.01       # entropy bonus per group: CleanRL ppo.py ent_coef=0.01 (the controller has
+                                     #   none; it keeps exploration alive once the noise stops)
+    # --- reward ---
+    baseline_decay: float = 0.9      # EMA baseline: hierarchical_controller bl_dec=0.9
+    baseline_mode: str = "ema"       # "ema" (the controller) or "batch" (mean reward of the K samples)
+    normalize_advantage: bool = True  # divide advantages by the batch reward std: CleanRL ppo.py norm_adv=True
+                                     #   (makes the step size independent of the model's step-time scale)
+    advantage_std_floor: float = 0.01  # ...but by at least this fraction of |baseline|: once the K samples agree,
+                                     #   a bare std→0 would blow the EMA lag up into a huge same-sign advantage
+                                     #   and collapse the policy onto its current sample (seen on the toy task)
+    failure_factor: float = 10.0     # failed placement's step time = failure_factor × a reference step time
+                                     #   (the single-device time); the controller used failing_signal=100 s
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def reward_of(step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:
+    """R = -sqrt(step time) (hierarchical_controller reward_function="sqrt"); failures count as
+    `failure_step_time`."""
+    t = np.where(failed | ~np.isfinite(step_times), failure_step_time, step_times)
+    return -np.sqrt(np.maximum(t, 0.0))
+
+
+class Reinforce:
+    """The learner: a PlacementPolicy, Adam, and the EMA reward baseline.
+
+    features: float32[G, F]; allowed: bool[G, D]. `sample()` → (actions [K, G], noise); `learn(actions,
+    noise, rewards)` → stats dict. `get_state()` / `set_state()` give everything a checkpoint needs.
+    """
+
+    def __init__(self, features: np.ndarray, allowed: np.ndarray, config: ReinforceConfig | None = None):
+        import keras
+
+        self.config = cfg = config or ReinforceConfig()
+        self.policy = PlacementPolicy(features, allowed, hidden_size=cfg.hidden_size, attn_size=cfg.attn_size,
+                                      temperature=cfg.temperature, tanh_constant=cfg.tanh_constant,
+                                      forget_bias=cfg.forget_bias, group_embedding=cfg.group_embedding,
+                                      seed=cfg.seed)
+        self.variables = list(self.policy.trainable_variables)
+        self.optimizer = keras.optimizers.Adam(cfg.learning_rate, global_clipnorm=cfg.grad_clip)
+        self.optimizer.build(self.variables)
+        self.baseline: float | None = None     # EMA of mean batch reward; set by the first batch
+        self.updates = 0                       # completed learn() calls
+        G, D = self.policy.num_groups, self.policy.num_devices
+        self._train = tf.function(self._train_step, input_signature=[
+            tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32),
+            tf.TensorSpec([], tf.float32), tf.TensorSpec([None], tf.float32)])
+
+    @property
+    def noise_scale(self) -> float:
+        c = self.config
+        return c.noise_scale if self.updates < c.noise_stop_update else 0.0
+
+    def sample(self, k: int | None = None, greedy: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """K placements int32[K, G] and the logit noise used float32[K, G, D]."""
+        return self.policy.sample(k or self.config.num_samples, self.noise_scale, greedy=greedy)
+
+    def rewards(self, step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:
+        return reward_of(np.asarray(step_times, np.float64), np.asarray(failed, bool), failure_step_time)
+
+    def _train_step(self, actions, noise, noise_scale, advantages):
+        G = float(self.policy.num_groups)
+        with tf.GradientTape() as tape:
+            logp, entropy = self.policy._log_probs(actions, noise, noise_scale)
+            pg_loss = -tf.reduce_mean(advantages * logp) / G      # per group, so entropy_coef is per decision
+            entropy = tf.reduce_mean(entropy)
+            loss = pg_loss - self.config.entropy_coef * entropy
+        grads = tape.gradient(loss, self.variables)
+        grad_norm = tf.linalg.global_norm(grads)
+        self.optimizer.apply_gradients(zip(grads, self.variables))   # clips to grad_clip (global norm)
+        return loss, entropy, grad_norm, logp
+
+    def learn(self, actions: np.ndarray, noise: np.ndarray, rewards: np.ndarray) -> dict[str, float]:
+        """One policy-gradient step on K sampled placements and their rewards."""
+        cfg = self.config
+        rewards = np.asarray(rewards, np.float64)
+        if self.baseline is None:
+            self.baseline = float(rewards.mean())
+        adv = rewards - (self.baseline if cfg.baseline_mode == "ema" else rewards.mean())
+        if cfg.normalize_advantage:
+            adv = adv / (rewards.std() + cfg.advantage_std_floor * abs(self.baseline) + 1e-12)
+        loss, entropy, grad_norm, logp = self._train(
+            tf.constant(actions, tf.int32), tf.constant(noise, tf.float32),
+            tf.constant(self.noise_scale, tf.float32), tf.constant(adv, tf.float32))
+        self.baseline = cfg.baseline_decay * self.baseline + (1 - cfg.baseline_decay) * float(rewards.mean())
+        self.updates += 1
+        return {"loss": float(loss), "entropy": float(entropy), "grad_norm": float(grad_norm),
+                "baseline": float(self.baseline), "reward_mean": float(rewards.mean()),
+                "logp_mean": float(np.mean(logp.numpy()))}
+
+    # ---------------------------------------------------------------- checkpoint state
+    def get_state(self) -> dict[str, Any]:
+        return {"policy": self.policy.get_state(), "optimizer": [v.numpy() for v in self.optimizer.variables],
+                "baseline": self.baseline, "updates": self.updates, "config": self.config.to_dict()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.policy.set_state(state["policy"])
+        opt_vars = self.optimizer.variables
+        if len(opt_vars) != len(state["optimizer"]):
+            raise KeyError("optimizer state does not match the policy")
+        for v, a in zip(opt_vars, state["optimizer"]):
+            v.assign(a)
+        self.baseline = state["baseline"]
+        self.updates = int(state["updates"])
+
+
+@dataclass
+class UpdateResult:
+    """What one REINFORCE update sampled and learned."""
+    group_devices: np.ndarray              # int32[K, G]
+    op_placements: list[np.ndarray]        # K op→device arrays
+    step_times: np.ndarray                 # float64[K] (inf where no time exists)
+    failed: np.ndarray                     # bool[K]
+    outcomes: list                         # list[Outcome]
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def reinforce_update(agent: Reinforce, grouping, evaluator, cpu_index: int | None,
+                     failure_step_time: float) -> UpdateResult:
+    """Sample K placements → expand to ops → evaluate in one batch → rewards → one policy-gradient step."""
+    t0 = time.perf_counter()
+    actions, noise = agent.sample()                                              # 1. sample
+    t1 = time.perf_counter()
+    placements = [grouping.expand(a, cpu_index) for a in actions]                # 2. expand
+    outcomes = evaluator.evaluate(placements)                                   # 3. evaluate
+    t2 = time.perf_counter()
+    step_times = np.array([o.step_time for o in outcomes], np.float64)
+    failed = np.array([o.failed for o in outcomes], bool)
+    rewards = agent.rewards(step_times, failed, failure_step_time)              # 4. reward
+    stats = agent.learn(actions, noise, rewards)                                # 5-6. baseline, loss, Adam
+    t3 = time.perf_counter()
+    stats.update(sample_s=t1 - t0, evaluate_s=t2 - t1, learn_s=t3 - t2)
+    return UpdateResult(actions, placements, step_times, failed, list(outcomes), stats)
+
+
+def toy_step_times(actions: np.ndarray, target: Sequence[int], base: float = 1.0, per_miss: float = 0.1) -> np.ndarray:
+    """A toy cost with a known optimum: base + per_miss × (groups not on their target device)."""
+    return base + per_miss * (np.asarray(actions) != np.asarray(target)[None]).sum(axis=1)
