@@ -1,0 +1,481 @@
+"""The placement search: baselines as the floor, then REINFORCE updates until a budget runs out, with
+best-so-far tracking, checkpoints that survive `kill -9`, a progress bar, TensorBoard events and `curve.png`.
+
+    result = run_search(grouping, evaluator, budget_seconds=60, baselines={"single_gpu": single},
+                        cpu_index=cluster.cpu_index, out_dir="out")
+    result.placement     # op→device int array: the best of the baselines and of every sampled placement
+    result.search_best   # the best step time the policy itself sampled (no baseline floor)
+
+Stops on whichever comes first: the wall-time budget (counting time spent before a resume), `max_updates`
+policy updates (counting updates before a resume), or `patience` updates without a new best.
+
+Bad input:
+  * every group has a single allowed device (e.g. a one-device cluster): return at once, no learning;
+  * `budget_seconds <= 0`: SearchError (use `max_updates=0` to only evaluate the baselines);
+  * nothing fits in memory (every baseline and every sample OOMs): SearchError naming the memory needed
+    on the fullest device against what it holds.
+
+`rl/` sees only the Grouping (features, CPU-only groups, `expand`) and the Evaluator: never TF protos.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from placer.errors import SearchError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "state.pkl"
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass
+class SearchResult:
+    """What a search returns. Times in seconds; placements are op→device index arrays."""
+    placement: np.ndarray                       # the returned placement (never worse than the best baseline)
+    step_time: float                            # its step time
+    source: str                                 # "search" or the name of the baseline that stayed best
+    search_best: float                          # best step time the policy itself sampled (inf if none worked)
+    search_best_placement: np.ndarray | None
+    baselines: dict[str, float | None]          # name → step time, None when it failed (OOM, error)
+    history: list[dict[str, float]]             # one row per update (see Search._record)
+    evaluations: int                            # placements evaluated, baselines included
+    updates: int                                # policy updates done (across resumes)
+    wall_s: float                               # search wall time (across resumes)
+    stop_reason: str                            # "budget", "max_updates", "patience", "one_device"
+    devices: list[str] = field(default_factory=list)
+    failure_step_time: float = float("nan")     # the step time charged to failed placements
+    search_best_groups: np.ndarray | None = None  # group→device of the best sampled placement
+
+    def summary(self) -> dict[str, Any]:
+        return {"step_time_s": self.step_time, "source": self.source,
+                "search_best_s": None if not np.isfinite(self.search_best) else self.search_best,
+                "baselines": dict(self.baselines), "evaluations": self.evaluations, "updates": self.updates,
+                "wall_s": self.wall_s, "stop_reason": self.stop_reason}
+
+
+def grouping_fingerprint(grouping) -> str:
+    """Identifies the grouping a checkpoint was made for (op→group map and features)."""
+    h = hashlib.sha1()
+    h.update(np.ascontiguousarray(grouping.op_group, dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(grouping.features, dtype=np.float32).tobytes())
+    h.update(np.ascontiguousarray(grouping.cpu_only, dtype=bool).tobytes())
+    return h.hexdigest()
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n} B"
+
+
+class Search:
+    """A resumable REINFORCE placement search over one grouping and one evaluator.
+
+    grouping: has `features` [G, F], `cpu_only` [G], `num_groups`, `expand(group_devices, cpu_index)`.
+    evaluator: `placer.sim.evaluator.Evaluator` (its `devices` are the placement indices).
+    allowed: bool[G, D] devices each group may use (default: `grouping.allowed_mask` if it has one, else all
+    devices, CPU-only groups on `cpu_index` only). baselines: name → op placement, evaluated before learning.
+    device_capacity: bytes per device (for the out-of-memory error message).
+    """
+
+    def __init__(self, grouping, evaluator, *, cpu_index: int | None = None, allowed: np.ndarray | None = None,
+                 baselines: Mapping[str, np.ndarray] | None = None, config=None, seed: int = 0,
+                 out_dir: str | os.PathLike | None = None, progress: bool = True, checkpoint_every: int = 10,
+                 device_capacity: Sequence[float] | None = None, tensorboard: bool = True):
+        self.grouping = grouping
+        self.evaluator = evaluator
+        self.devices = list(evaluator.devices)
+        self.cpu_index = cpu_index
+        D = len(self.devices)
+        if allowed is None:
+            if hasattr(grouping, "allowed_mask"):
+                allowed = grouping.allowed_mask(D, cpu_index)
+            else:
+                allowed = np.ones((grouping.num_groups, D), bool)
+                if cpu_index is not None:
+                    allowed[np.asarray(grouping.cpu_only, bool)] = False
+                    allowed[np.asarray(grouping.cpu_only, bool), cpu_index] = True
+        self.allowed = np.asarray(allowed, bool)
+        if self.allowed.shape != (grouping.num_groups, D):
+            raise SearchError(f"allowed mask has shape {self.allowed.shape}, expected ({grouping.num_groups}, {D})")
+        if not self.allowed.any(axis=1).all():
+            g = int(np.flatnonzero(~self.allowed.any(axis=1))[0])
+            raise SearchError(f"group {g} may not use any of the devices {self.devices}")
+        self.baseline_placements = {k: np.asarray(v) for k, v in (baselines or {}).items()}
+        self.seed = int(seed)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.progress = progress
+        self.checkpoint_every = max(1, int(checkpoint_every))
+        self.device_capacity = None if device_capacity is None else np.asarray(device_capacity, np.float64)
+        self.tensorboard = tensorboard
+        from placer.rl.reinforce import ReinforceConfig
+
+        self.config = config or ReinforceConfig(seed=self.seed)
+        self.fingerprint = grouping_fingerprint(grouping)
+        self._agent = None
+        # search state (everything below is checkpointed)
+        self.baselines: dict[str, float | None] = {}
+        self.best_time = float("inf")
+        self.best_placement: np.ndarray | None = None
+        self.best_source = ""
+        self.search_best = float("inf")
+        self.search_best_placement: np.ndarray | None = None
+        self.search_best_groups: np.ndarray | None = None
+        self.history: list[dict[str, float]] = []
+        self.evaluations = 0
+        self.updates = 0
+        self.wall_before = 0.0         # wall seconds spent in earlier (killed/finished) runs
+        self.since_improvement = 0
+        self.failure_step_time: float | None = None
+        self.baselines_done = False
+        self._oom_seen: list = []      # (max used/capacity ratio, device index, used, capacity) of OOM outcomes
+        self._t_start = time.perf_counter()
+        self._writer = None
+
+    # ------------------------------------------------------------------ the agent (TF) is built lazily
+    @property
+    def agent(self):
+        if self._agent is None:
+            from placer.rl.reinforce import Reinforce
+
+            self._agent = Reinforce(np.asarray(self.grouping.features, np.float32), self.allowed, self.config)
+        return self._agent
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def checkpoint_path(self) -> Path | None:
+        return None if self.out_dir is None else self.out_dir / "checkpoint" / CHECKPOINT_FILE
+
+    def wall_s(self) -> float:
+        return self.wall_before + (time.perf_counter() - self._t_start)
+
+    def save_checkpoint(self) -> None:
+        """Everything needed to continue: policy weights, Adam state, EMA baseline, RNG state, best placement,
+        history and counters. Written to a temp file and renamed (a kill leaves the previous checkpoint)."""
+        path = self.checkpoint_path
+        if path is None:
+            return
+        state = {
+            "format": CHECKPOINT_FORMAT, "fingerprint": self.fingerprint, "devices": self.devices,
+            "agent": self.agent.get_state() if (self._agent is not None) else None,
+            "baselines": self.baselines, "baselines_done": self.baselines_done,
+            "best_time": self.best_time, "best_placement": self.best_placement, "best_source": self.best_source,
+            "search_best": self.search_best, "search_best_placement": self.search_best_placement,
+            "search_best_groups": self.search_best_groups, "history": self.history,
+            "evaluations": self.evaluations, "updates": self.updates, "wall_s": self.wall_s(),
+            "since_improvement": self.since_improvement, "failure_step_time": self.failure_step_time,
+            "allowed": self.allowed, "config": self.config.to_dict(), "oom_seen": self._oom_seen[-64:],
+        }
+        _atomic_write_bytes(path, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def load_checkpoint(self) -> bool:
+        """Restore from out_dir/checkpoint; False when there is none."""
+        path = self.checkpoint_path
+        if path is None or not path.exists():
+            return False
+        try:
+            with open(path, "rb") as f:
+                state = pickle.load(f)
+        except Exception as e:  # truncated/corrupt file: name it
+            raise SearchError(f"cannot read checkpoint {path}: {e}") from None
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise SearchError(f"checkpoint {path} has format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
+        if state["fingerprint"] != self.fingerprint:
+            raise SearchError(f"checkpoint {path} was made for another grouping of the graph "
+                              f"(fingerprint {state['fingerprint'][:12]} != {self.fingerprint[:12]})")
+        if list(state["devices"]) != self.devices:
+            raise SearchError(f"checkpoint {path} was made for devices {state['devices']}, not {self.devices}")
+        from placer.rl.reinforce import ReinforceConfig
+
+        self.config = ReinforceConfig(**state["config"])
+        self.allowed = np.asarray(state["allowed"], bool)
+        self._agent = None
+        if state["agent"] is not None:
+            self.agent.set_state(state["agent"])
+        for k in ("baselines", "baselines_done", "best_time", "best_placement", "best_source", "search_best",
+                  "search_best_placement", "search_best_groups", "history", "evaluations", "updates",
+                  "since_improvement", "failure_step_time"):
+            setattr(self, k, state[k])
+        self._oom_seen = list(state.get("oom_seen", []))
+        self.wall_before = float(state["wall_s"])
+        self._t_start = time.perf_counter()
+        return True
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _note_oom(self, outcomes) -> None:
+        if self.device_capacity is None:
+            return
+        cap = self.device_capacity
+        for o in outcomes:
+            if o.oom and len(o.peak_memory) == len(cap):
+                ratio = np.asarray(o.peak_memory, np.float64) / np.maximum(cap, 1.0)
+                d = int(np.argmax(ratio))
+                self._oom_seen.append((float(ratio[d]), d, float(o.peak_memory[d]), float(cap[d])))
+
+    def _consider(self, placement: np.ndarray, step_time: float, source: str) -> bool:
+        if np.isfinite(step_time) and step_time < self.best_time:
+            self.best_time, self.best_placement, self.best_source = float(step_time), placement.copy(), source
+            return True
+        return False
+
+    def _evaluate_baselines(self) -> None:
+        names = list(self.baseline_placements)
+        if names:
+            outcomes = self.evaluator.evaluate([self.baseline_placements[n] for n in names])
+            self.evaluations += len(names)
+            self._note_oom(outcomes)
+            for n, o in zip(names, outcomes):
+                self.baselines[n] = None if o.failed or not np.isfinite(o.step_time) else float(o.step_time)
+                if self.baselines[n] is not None:
+                    self._consider(self.baseline_placements[n], o.step_time, n)
+            # reference for the failure reward: the single-device time (simulated even when it OOMs)
+            ref = None
+            for key in ("single_gpu", "single", "single_cpu"):
+                if key in names:
+                    t = outcomes[names.index(key)].step_time
+                    if np.isfinite(t):
+                        ref = float(t)
+                        break
+            if ref is None:
+                finite = [o.step_time for o in outcomes if np.isfinite(o.step_time)]
+                ref = max(finite) if finite else None
+            if ref is not None:
+                self.failure_step_time = self.config.failure_factor * ref
+        self.baselines_done = True
+
+    def _record(self, upd, wall: float) -> dict[str, float]:
+        ok = ~upd.failed & np.isfinite(upd.step_times)
+        row = {"update": self.updates, "wall_s": wall, "evaluations": self.evaluations,
+               "best_s": self.best_time, "search_best_s": self.search_best,
+               "mean_s": float(upd.step_times[ok].mean()) if ok.any() else float("nan"),
+               "min_s": float(upd.step_times[ok].min()) if ok.any() else float("nan"),
+               "failed": float((~ok).mean()), "entropy": upd.stats["entropy"],
+               "reward_mean": upd.stats["reward_mean"], "baseline": upd.stats["baseline"],
+               "sample_s": upd.stats["sample_s"], "evaluate_s": upd.stats["evaluate_s"],
+               "learn_s": upd.stats["learn_s"]}
+        self.history.append(row)
+        return row
+
+    def _tb(self, row: dict[str, float]) -> None:
+        """TensorBoard scalars via TF's core `tf.summary.write` with the scalars-plugin metadata (what
+        `tf.summary.scalar` writes, without needing the tensorboard package installed)."""
+        if not self.tensorboard or self.out_dir is None:
+            return
+        import tensorflow as tf
+        from tensorflow.core.framework import summary_pb2
+
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(str(self.out_dir / "tb"))
+            self._tb_meta = summary_pb2.SummaryMetadata(
+                plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+        tags = {"reward/mean": "reward_mean", "reward/baseline": "baseline", "step_time/sampled_mean": "mean_s",
+                "step_time/sampled_min": "min_s", "step_time/best_so_far": "best_s",
+                "step_time/policy_best": "search_best_s", "policy/entropy": "entropy",
+                "policy/failed_fraction": "failed"}
+        with self._writer.as_default():
+            for tag, key in tags.items():
+                tf.summary.write(tag, tf.constant(row[key], tf.float32), step=int(row["update"]),
+                                 metadata=self._tb_meta)
+
+    def write_curve(self, path: str | os.PathLike | None = None) -> Path | None:
+        """curve.png: best-so-far and sampled (mean, min) step time against wall time."""
+        if path is None:
+            if self.out_dir is None:
+                return None
+            path = self.out_dir / "curve.png"
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        h = self.history
+        if h:
+            w = [r["wall_s"] for r in h]
+            ax.plot(w, [r["mean_s"] for r in h], ".", ms=3, alpha=0.5, label="sampled (mean of K)")
+            ax.plot(w, [r["min_s"] for r in h], ".", ms=3, alpha=0.5, label="sampled (best of K)")
+            ax.step(w, [r["search_best_s"] for r in h], where="post", label="policy's best so far")
+            ax.step(w, [r["best_s"] for r in h], where="post", label="returned (incl. baselines)")
+        ok = {k: v for k, v in self.baselines.items() if v is not None}
+        if ok:
+            name = min(ok, key=ok.get)
+            ax.axhline(ok[name], color="gray", ls="--", lw=1, label=f"best baseline ({name})")
+        ax.set_xlabel("wall time (s)")
+        ax.set_ylabel("step time (s)")
+        ax.set_title("placement search")
+        ax.legend(fontsize=8)
+        finite = [r["min_s"] for r in h if np.isfinite(r["min_s"])] + list(ok.values())
+        if finite:
+            lo, hi = min(finite), np.nanpercentile([r["mean_s"] for r in h if np.isfinite(r["mean_s"])] or finite, 95)
+            ax.set_ylim(lo * 0.95, max(hi, lo) * 1.05)
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+    # ------------------------------------------------------------------ the loop
+    def _result(self, stop_reason: str) -> SearchResult:
+        if self.best_placement is None:
+            raise self._nothing_fits()
+        return SearchResult(placement=self.best_placement, step_time=self.best_time, source=self.best_source,
+                            search_best=self.search_best, search_best_placement=self.search_best_placement,
+                            baselines=dict(self.baselines), history=list(self.history),
+                            evaluations=self.evaluations, updates=self.updates, wall_s=self.wall_s(),
+                            stop_reason=stop_reason, devices=self.devices,
+                            failure_step_time=float(self.failure_step_time or float("nan")),
+                            search_best_groups=self.search_best_groups)
+
+    def _nothing_fits(self) -> SearchError:
+        tried = f"{len(self.baselines)} baseline(s) and {self.evaluations - len(self.baselines)} sampled placement(s)"
+        if self._oom_seen:
+            ratio, d, used, cap = min(self._oom_seen)
+            return SearchError(
+                f"no placement fits in memory ({tried} tried): the best one still needs {_fmt_bytes(used)} on "
+                f"{self.devices[d]}, which holds {_fmt_bytes(cap)}; use devices with more memory or more devices")
+        return SearchError(f"no placement could be evaluated successfully ({tried} tried, all failed)")
+
+    def run(self, budget_seconds: float, max_updates: int | None = None, patience: int | None = None) -> SearchResult:
+        """Search until the budget, `max_updates` total updates, or `patience` updates without a new best."""
+        if budget_seconds is None or not budget_seconds > 0:
+            raise SearchError(f"search budget must be positive, got {budget_seconds} s "
+                              "(use max_updates=0 / --max-updates 0 to only evaluate the baselines)")
+        from placer.rl.reinforce import reinforce_update
+
+        if not self.baselines_done:
+            self._evaluate_baselines()
+            self.save_checkpoint()
+        if int(self.allowed.sum(axis=1).max()) <= 1:     # nothing to choose: one allowed device per group
+            forced = self.grouping.expand(self.allowed.argmax(axis=1), self.cpu_index)
+            if self.best_placement is None:
+                o = self.evaluator.evaluate([forced])[0]
+                self.evaluations += 1
+                self._note_oom([o])
+                self._consider(forced, o.step_time if o.ok else float("inf"), "forced")
+            return self._finish("one_device")
+
+        from tqdm import tqdm
+
+        bar = tqdm(total=max_updates, initial=self.updates, disable=not self.progress, unit="upd",
+                   desc="search", dynamic_ncols=True, leave=False)
+        stop = None
+        try:
+            while True:
+                if max_updates is not None and self.updates >= max_updates:
+                    stop = "max_updates"
+                elif patience is not None and self.since_improvement >= patience:
+                    stop = "patience"
+                elif self.wall_s() >= budget_seconds:
+                    stop = "budget"
+                if stop:
+                    break
+                fail_t = self.failure_step_time
+                upd = reinforce_update(self.agent, self.grouping, self.evaluator, self.cpu_index,
+                                       fail_t if fail_t is not None else 100.0)
+                if self.failure_step_time is None:   # no baselines: reference = worst working sample
+                    ok = ~upd.failed & np.isfinite(upd.step_times)
+                    if ok.any():
+                        self.failure_step_time = self.config.failure_factor * float(upd.step_times[ok].max())
+                self.updates += 1
+                self.evaluations += len(upd.op_placements)
+                self._note_oom(upd.outcomes)
+                improved = False
+                ok = ~upd.failed & np.isfinite(upd.step_times)
+                if ok.any():
+                    k = int(np.argmin(np.where(ok, upd.step_times, np.inf)))
+                    t = float(upd.step_times[k])
+                    if t < self.search_best:
+                        self.search_best = t
+                        self.search_best_placement = upd.op_placements[k].copy()
+                        self.search_best_groups = upd.group_devices[k].copy()
+                        improved = True
+                    self._consider(upd.op_placements[k], t, "search")
+                self.since_improvement = 0 if improved else self.since_improvement + 1
+                wall = self.wall_s()
+                row = self._record(upd, wall)
+                self._tb(row)
+                bar.update(1)
+                bar.set_postfix(best=f"{self.best_time:.4g}s", policy=f"{self.search_best:.4g}s",
+                                reward=f"{row['reward_mean']:.3g}", evals_s=f"{self.evaluations / max(wall, 1e-9):.1f}")
+                if self.updates % self.checkpoint_every == 0:
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+        return self._finish(stop)
+
+    def _finish(self, stop: str) -> SearchResult:
+        self.save_checkpoint()
+        if self._writer is not None:
+            self._writer.flush()
+        if self.out_dir is not None:
+            try:
+                self.write_curve()
+            except Exception as e:  # a plotting problem must not lose the search
+                log.warning("could not write curve.png: %s", e)
+        return self._result(stop)
+
+
+def run_search(grouping, evaluator, *, budget_seconds: float = 300.0, max_updates: int | None = None,
+               patience: int | None = None, seed: int = 0, out_dir: str | os.PathLike | None = None,
+               baselines: Mapping[str, np.ndarray] | None = None, progress: bool = True,
+               cpu_index: int | None = None, allowed: np.ndarray | None = None, config=None,
+               checkpoint_every: int = 10, device_capacity: Sequence[float] | None = None,
+               resume: bool = False) -> SearchResult:
+    """Run (or, with resume=True, continue from out_dir/checkpoint) a REINFORCE placement search.
+
+    Example (a toy evaluator; see tests/test_rl_search.py):
+        >>> res = run_search(grouping, evaluator, budget_seconds=30, max_updates=20,
+        ...                  baselines={"single_gpu": np.zeros(n_ops, int)})   # doctest: +SKIP
+        >>> res.step_time <= res.baselines["single_gpu"]                         # doctest: +SKIP
+        True
+    """
+    if config is None:
+        from placer.rl.reinforce import ReinforceConfig
+
+        config = ReinforceConfig(seed=seed)
+    s = Search(grouping, evaluator, cpu_index=cpu_index, allowed=allowed, baselines=baselines, config=config,
+               seed=seed, out_dir=out_dir, progress=progress, checkpoint_every=checkpoint_every,
+               device_capacity=device_capacity)
+    if resume:
+        if out_dir is None:
+            raise SearchError("resume needs the search directory")
+        if not s.load_checkpoint():
+            raise SearchError(f"no checkpoint to resume in {Path(out_dir) / 'checkpoint'}")
+    return s.run(budget_seconds, max_updates=max_updates, patience=patience)
+
+
+def history_to_json(history: list[dict[str, float]]) -> str:
+    return json.dumps([{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()}
+                       for r in history])

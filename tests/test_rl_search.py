@@ -1,0 +1,212 @@
+"""The search loop: baseline floor, best tracking, stopping rules, checkpoint/resume (incl. SIGKILL), bad input."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from placer.errors import SearchError  # noqa: E402
+from placer.rl.reinforce import ReinforceConfig  # noqa: E402
+from placer.rl.search import Search, run_search  # noqa: E402
+from placer.sim.evaluator import Evaluator, Outcome  # noqa: E402
+
+DEVICES = ["/GPU:0", "/GPU:1", "/GPU:2", "/CPU:0"]
+CPU = 3
+
+
+@dataclass
+class ToyGrouping:
+    """Two ops per group; group 0 is CPU-only (as the lead's Grouping: features, cpu_only, expand)."""
+    target: np.ndarray  # best device per group
+
+    def __post_init__(self):
+        G = len(self.target)
+        self.num_groups = G
+        self.op_group = np.repeat(np.arange(G), 2).astype(np.int32)
+        self.cpu_only = np.zeros(G, bool)
+        self.cpu_only[0] = True
+        rng = np.random.default_rng(0)
+        self.features = np.concatenate([np.eye(4)[self.target], rng.random((G, 3))], 1).astype(np.float32)
+
+    def expand(self, group_devices, cpu_index):
+        op = np.asarray(group_devices)[..., self.op_group].astype(np.int32)
+        op[..., self.op_group == 0] = cpu_index
+        return op
+
+
+class ToyEvaluator(Evaluator):
+    """step time = 1 + 0.05 × (ops off their target device); more than `cap` ops on one GPU = OOM."""
+
+    def __init__(self, target_ops: np.ndarray, cap: int = 10**9, delay: float = 0.0):
+        self.devices = DEVICES
+        self.target_ops = target_ops
+        self.cap = cap
+        self.delay = delay
+        self.calls = 0
+
+    def evaluate(self, placements):
+        self.calls += 1
+        if self.delay:
+            time.sleep(self.delay)
+        out = []
+        for p in placements:
+            t = 1.0 + 0.05 * float((np.asarray(p) != self.target_ops).sum())
+            use = np.bincount(p, minlength=len(DEVICES)).astype(np.int64) * 100
+            if (use[:3] > self.cap * 100).any():
+                out.append(Outcome.failure("oom", oom=True, step_time=t, peak_memory=use))
+            else:
+                out.append(Outcome(step_time=t, peak_memory=use))
+        return out
+
+
+def _setup(G=8, seed=0, **ev):
+    rng = np.random.default_rng(seed)
+    target = rng.integers(0, 3, G)
+    target[0] = CPU
+    gr = ToyGrouping(target)
+    return gr, ToyEvaluator(gr.expand(target, CPU), **ev)
+
+
+SMALL = dict(hidden_size=32, attn_size=16)
+
+
+def test_search_beats_baseline_and_reaches_optimum(tmp_path):
+    gr, ev = _setup()
+    single = gr.expand(np.zeros(gr.num_groups, int), CPU)
+    res = run_search(gr, ev, budget_seconds=120, max_updates=150, patience=None, seed=0, out_dir=tmp_path,
+                     baselines={"single_gpu": single}, cpu_index=CPU, progress=False,
+                     config=ReinforceConfig(seed=0, **SMALL), device_capacity=[1e9] * 4)
+    assert res.baselines["single_gpu"] == pytest.approx(ev.evaluate([single])[0].step_time)
+    assert res.step_time <= res.baselines["single_gpu"]
+    assert res.step_time == pytest.approx(1.0)          # the known optimum
+    assert res.source == "search" and res.search_best == pytest.approx(1.0)
+    np.testing.assert_array_equal(res.placement, ev.target_ops)
+    assert (res.placement[gr.op_group == 0] == CPU).all()  # CPU-only group stayed on the CPU
+    assert res.updates == len(res.history) and res.evaluations == 1 + 16 * res.updates
+    rows = res.history
+    assert all(rows[i]["best_s"] >= rows[i + 1]["best_s"] for i in range(len(rows) - 1))
+    for f in ("curve.png", "checkpoint/state.pkl"):
+        assert (tmp_path / f).exists(), f
+    assert any((tmp_path / "tb").iterdir())
+
+
+def test_baseline_floor_and_stopping_rules():
+    gr, ev = _setup()
+    perfect = ev.target_ops.copy()
+    res = run_search(gr, ev, budget_seconds=60, max_updates=3, baselines={"expert": perfect}, cpu_index=CPU,
+                     progress=False, config=ReinforceConfig(**SMALL))
+    assert res.source == "expert" and res.step_time == 1.0     # never worse than the best baseline
+    assert res.updates == 3 and res.stop_reason == "max_updates"
+    assert res.search_best >= 1.0
+    res = run_search(gr, ev, budget_seconds=60, max_updates=100, patience=2, cpu_index=CPU, progress=False,
+                     config=ReinforceConfig(**SMALL))
+    assert res.stop_reason in ("patience", "max_updates") and res.updates < 100
+    t0 = time.perf_counter()
+    slow = ToyEvaluator(ev.target_ops, delay=0.3)
+    res = run_search(gr, slow, budget_seconds=1.0, cpu_index=CPU, progress=False, config=ReinforceConfig(**SMALL))
+    assert res.stop_reason == "budget" and time.perf_counter() - t0 < 30
+
+
+def test_bad_input_budget_and_one_device():
+    gr, ev = _setup()
+    with pytest.raises(SearchError, match="budget must be positive"):
+        run_search(gr, ev, budget_seconds=0, cpu_index=CPU, progress=False)
+    # one allowed device per group: no search, returns at once
+    allowed = np.zeros((gr.num_groups, 4), bool)
+    allowed[:, CPU] = True
+    res = run_search(gr, ev, budget_seconds=60, cpu_index=CPU, allowed=allowed, progress=False)
+    assert res.stop_reason == "one_device" and res.updates == 0 and ev.calls == 1
+    assert (res.placement == CPU).all()
+
+
+def test_nothing_fits_names_memory():
+    gr, ev = _setup(cap=1)   # at most one op per GPU: every placement with 2-op groups on a GPU OOMs
+    allowed = np.zeros((gr.num_groups, 4), bool)
+    allowed[:, :3] = True
+    allowed[0] = [False, False, False, True]
+    with pytest.raises(SearchError, match=r"needs .* on /GPU:\d, which holds"):
+        run_search(gr, ev, budget_seconds=60, max_updates=2, allowed=allowed, cpu_index=CPU, progress=False,
+                   baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)},
+                   config=ReinforceConfig(**SMALL), device_capacity=[100, 100, 100, 10**6])
+
+
+def test_resume_continues_from_checkpoint(tmp_path):
+    gr, ev = _setup()
+    kw = dict(cpu_index=CPU, progress=False, config=ReinforceConfig(seed=1, **SMALL), checkpoint_every=4)
+    first = run_search(gr, ev, budget_seconds=120, max_updates=8, out_dir=tmp_path, **kw)
+    assert first.updates == 8
+    # a fresh Search from the directory continues: same best so far, update count continues
+    s = Search(gr, ev, out_dir=tmp_path, **{k: v for k, v in kw.items()})
+    assert s.load_checkpoint()
+    assert s.updates == 8 and s.best_time == first.step_time and len(s.history) == 8
+    np.testing.assert_array_equal(s.best_placement, first.placement)
+    res = s.run(120, max_updates=12)
+    assert res.updates == 12 and len(res.history) == 12
+    assert [r["update"] for r in res.history] == list(range(1, 13))
+    assert res.step_time <= first.step_time
+    with pytest.raises(SearchError, match="no checkpoint"):
+        run_search(gr, ev, budget_seconds=10, out_dir=tmp_path / "nothing", resume=True, **kw)
+    other = ToyGrouping(np.r_[CPU, np.zeros(7, int)])
+    with pytest.raises(SearchError, match="another grouping"):
+        run_search(other, ev, budget_seconds=10, out_dir=tmp_path, resume=True, **kw)
+
+
+_CHILD = textwrap.dedent("""
+    import sys, numpy as np
+    sys.path.insert(0, {tests!r})
+    from test_rl_search import _setup, SMALL, CPU
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import run_search
+    gr, ev = _setup()
+    run_search(gr, ev, budget_seconds=600, max_updates=10**6, out_dir={out!r}, cpu_index=CPU, progress=False,
+               config=ReinforceConfig(seed=2, **SMALL), checkpoint_every=3, resume={resume})
+""")
+
+
+def test_resume_after_sigkill(tmp_path):
+    """kill -9 mid-search loses at most one checkpoint interval; resuming continues the count."""
+    out = tmp_path / "run"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    code = _CHILD.format(tests=str(Path(__file__).parent), out=str(out), resume=False)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.DEVNULL)
+    ckpt = out / "checkpoint" / "state.pkl"
+    try:
+        deadline = time.time() + 240
+        import pickle
+
+        while time.time() < deadline:
+            if ckpt.exists():
+                try:
+                    st = pickle.loads(ckpt.read_bytes())
+                except Exception:
+                    st = None
+                if st and st["updates"] >= 6:
+                    break
+            assert proc.poll() is None, "search child died"
+            time.sleep(0.2)
+        else:
+            pytest.fail("no checkpoint with 6 updates in time")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    st = pickle.loads(ckpt.read_bytes())
+    done = st["updates"]
+    assert done >= 6 and done % 3 == 0
+    gr, ev = _setup()
+    s = Search(gr, ev, out_dir=out, cpu_index=CPU, progress=False, config=ReinforceConfig(seed=2, **SMALL))
+    assert s.load_checkpoint() and s.updates == done and s.best_time == st["best_time"]
+    res = s.run(600, max_updates=done + 2)
+    assert res.updates == done + 2 and res.history[-1]["update"] == done + 2
+    assert res.step_time <= st["best_time"]
+    json.dumps(res.summary())   # the summary is plain JSON
