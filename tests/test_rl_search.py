@@ -93,7 +93,8 @@ def test_search_beats_baseline_and_reaches_optimum(tmp_path):
     assert res.source == "search" and res.search_best == pytest.approx(1.0)
     np.testing.assert_array_equal(res.placement, ev.target_ops)
     assert (res.placement[gr.op_group == 0] == CPU).all()  # CPU-only group stayed on the CPU
-    assert res.updates == len(res.history) and res.evaluations == 1 + 16 * res.updates
+    # evaluations: the baseline, its group-level version (warm start), then K=16 per update
+    assert res.updates == len(res.history) and res.evaluations == 2 + 16 * res.updates
     rows = res.history
     assert all(rows[i]["best_s"] >= rows[i + 1]["best_s"] for i in range(len(rows) - 1))
     for f in ("curve.png", "checkpoint/state.pkl"):

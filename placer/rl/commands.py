@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from placer.errors import PlacerError, SearchError
+from placer.rl.search import _fmt_bytes
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +29,6 @@ _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "dev
                 "token_file", "costs", "budget", "max_updates", "patience", "groups", "seed", "out", "no_progress",
                 "json", "remeasure")
 REMEASURE_TOP = 3
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n} B"
 
 
 def _versions() -> dict[str, str]:
@@ -91,9 +84,11 @@ def search_graph(graph, *, cluster=None, devices=None, reward: str = "sim", budg
                  seed: int = 0, workers=None, costs=None, max_groups: int | None = None, out_dir=None,
                  progress: bool = False, max_updates: int | None = None, patience: int | None = None,
                  token_file: str | None = None, resume: bool = False, remeasure: bool = True, config=None,
-                 model_name: str | None = None):
+                 model_name: str | None = None, allow_cpu: bool = False):
     """Search a placement for the OpGraph `graph`; returns `placer.api.SearchResult`. Writes the files of
-    CLI.md into `out_dir` when given (see the module docstring)."""
+    CLI.md into `out_dir` when given (see the module docstring). allow_cpu: let groups that are not CPU-only
+    use the host CPU too (off by default: on GPU clusters the CPU is a slow trap that never runs out of
+    memory, and CLI.md's "N devices" are the GPUs)."""
     from placer.api import Placement, SearchResult
     from placer.graphs.group import default_max_groups, group
     from placer.rl.reinforce import ReinforceConfig
@@ -126,6 +121,13 @@ def search_graph(graph, *, cluster=None, devices=None, reward: str = "sim", budg
     grouping = group(graph, max_groups=G, op_costs=np.where(np.isfinite(sim.sim.cost[:, gpus[0]]),
                                                             sim.sim.cost[:, gpus[0]], 0.0))
     allowed = group_allowed(grouping, sim.sim.cost, cluster.cpu_index)
+    cpu = cluster.cpu_index
+    if not allow_cpu and cpu is not None and cpu not in gpus:
+        # "N devices" are the accelerators (CLI.md): only CPU-only groups go to the host CPU, unless asked
+        off = allowed.copy()
+        off[~np.asarray(grouping.cpu_only, bool), cpu] = False
+        keep = off.any(axis=1)
+        allowed[keep] = off[keep]
     base_pl, base_err = _baselines(graph, cluster, sim.sim.cost, seed)
 
     evaluator = sim

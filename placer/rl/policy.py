@@ -68,7 +68,7 @@ class PlacementPolicy(tf.Module):
 
     def __init__(self, features: np.ndarray, allowed: np.ndarray, *, hidden_size: int = 256,
                  attn_size: int = 64, temperature: float = 1.0, tanh_constant: float = 5.0,
-                 forget_bias: float = 1.0, group_embedding: int = 0, seed: int = 0,
+                 forget_bias: float = 1.0, group_embedding: int = 0, stay_bias: float = 0.0, seed: int = 0,
                  name: str = "placement_policy"):
         super().__init__(name=name)
         features = np.asarray(features, np.float32)
@@ -115,6 +115,10 @@ class PlacementPolicy(tf.Module):
             self.attn_v = v(_glorot(rng, (A, 1))[:, 0], "attn_v")
             # device softmax over [h_t; context_t]
             self.out_w = v(_glorot(rng, (H + A, D)), "device_softmax")
+            # device→device term added to the next group's raw logits (a learned "bigram"), initialised to
+            # stay_bias·I: consecutive groups start out likely to share a device (contiguous runs, as good
+            # placements of layered models are), instead of uniformly scattered
+            self.transition = v(np.eye(D, dtype=np.float32) * stay_bias, "transition")
         self.rng = tf.random.Generator.from_seed(seed)
 
         spec_k = tf.TensorSpec([], tf.int32)
@@ -164,6 +168,7 @@ class PlacementPolicy(tf.Module):
         c = tf.tile(c0, [k, 1])
         h = tf.tile(h0, [k, 1])
         inp = tf.tile(self.go_emb, [k, 1])
+        trans = tf.zeros([k, D])
         # all randomness drawn up front (fewer ops per loop step): logit noise and Gumbel noise
         eps = self.rng.normal([G, k, D])
         gumbel = -tf.math.log(-tf.math.log(self.rng.uniform([G, k, D], 1e-20, 1.0)))
@@ -174,11 +179,12 @@ class PlacementPolicy(tf.Module):
             c, h = _lstm_gates(inp @ self.dec_wx + h @ self.dec_wh + enc_w[t][None], c)
             score = tf.tensordot(tf.tanh((h @ self.attn_w2)[:, None, :] + mem[None]), self.attn_v, 1)  # [K, G]
             ctx = tf.nn.softmax(score) @ mem                                                  # [K, A]
-            logits = self._clip(tf.concat([h, ctx], -1) @ self.out_w)                        # [K, D]
+            logits = self._clip(tf.concat([h, ctx], -1) @ self.out_w + trans)                # [K, D]
             logits += noise_scale * self._noise_std(logits, None) * eps[t] + not_allowed[t]
             a = tf.cast(tf.argmax(logits + gumbel[t], -1), tf.int32)   # Gumbel-max = a categorical sample
             actions = actions.write(t, a)
             inp = tf.gather(self.device_emb, a)
+            trans = tf.gather(self.transition, a)
         return tf.transpose(actions.stack()), tf.transpose(eps, [1, 0, 2])
 
     def sample(self, k: int, noise_scale: float = 0.0, greedy: bool = False):
@@ -208,7 +214,8 @@ class PlacementPolicy(tf.Module):
         # stay cache-sized (measured faster than one [K, G, G, A] tensor)
         score = tf.map_fn(lambda qk: tf.tensordot(tf.tanh(qk[:, None, :] + mem[None]), self.attn_v, 1), q)
         ctx = tf.nn.softmax(score) @ mem                                                       # [K, G, A]
-        logits = self._clip(tf.concat([hs, ctx], -1) @ self.out_w)                            # [K, G, D]
+        trans = tf.concat([tf.zeros([k, 1, self.num_devices]), tf.gather(self.transition, actions[:, :-1])], 1)
+        logits = self._clip(tf.concat([hs, ctx], -1) @ self.out_w + trans)                    # [K, G, D]
         logits += noise_scale * self._noise_std(logits, [0, 2]) * noise
         logits = tf.where(self.allowed[None], logits, _NEG)
         logsm = tf.nn.log_softmax(logits)

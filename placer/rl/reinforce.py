@@ -6,6 +6,7 @@ One update (Mirhoseini et al. 2017, §3.2; TF's hierarchical_controller.py):
     2. expand each to an op→device array with the Grouping (CPU-only ops forced onto the CPU)
     3. evaluate the K op placements in one `Evaluator.evaluate` call (simulator or real measurement)
     4. reward R = -sqrt(step time); a failed placement (OOM, error) gets the step time `failure_step_time`
+       (× its memory overflow peak/capacity when it ran out of memory: a graded signal toward fitting)
     5. advantage A = R - b with b an exponential moving average of past mean rewards
     6. loss = -mean_k(A_k · log π(a_k)) / G - entropy_coef · mean entropy; Adam step with global-norm clipping
 
@@ -45,6 +46,8 @@ class ReinforceConfig:
     group_embedding: int = 16        # learned per-group embedding appended to the features (a position embedding):
                                      #   gives each group its own parameters, so the policy does not collapse onto
                                      #   one device for all groups before it can tell them apart (toy tasks)
+    stay_bias: float = 0.0           # initial weight of "same device as the previous group" in the raw logits
+                                     #   (a learned device→device term; 0 = the paper's decoder exactly)
     forget_bias: float = 1.0         # hierarchical_controller forget_bias_init=1.0
     temperature: float = 1.0         # hierarchical_controller temperature=1.0 (logits / T before the tanh)
     tanh_constant: float = 5.0       # logits = C·tanh(logits/T). hierarchical_controller: 1.0 (with one placement
@@ -55,8 +58,9 @@ class ReinforceConfig:
     noise_stop_update: int = 50      # noise off after this many updates: controller stop_noise_step=750 samples
                                      #   ≈ 750 / 16 samples per update
     # --- optimisation ---
-    learning_rate: float = 3e-3      # Adam. hierarchical_controller lr=0.1 (with tanh_constant 1); 3e-3 is stable
-                                     #   with C=5 on the toy and NMT benchmarks
+    learning_rate: float = 3e-4      # Adam. hierarchical_controller lr=0.1 (with tanh_constant 1). With C=5 a step of
+                                     #   3e-3 moved log π by ~1 nat per group and saturated the tanh (zero gradient
+                                     #   from then on) within a few updates; 3e-4 moves it by ~0.05 (measured)
     grad_clip: float = 1.0           # global-norm clip: hierarchical_controller grad_bound=1.0
     entropy_coef: float = 0.01       # entropy bonus per group: CleanRL ppo.py ent_coef=0.01 (the controller has
                                      #   none; it keeps exploration alive once the noise stops)
@@ -70,10 +74,38 @@ class ReinforceConfig:
                                      #   and collapse the policy onto its current sample (seen on the toy task)
     failure_factor: float = 10.0     # failed placement's step time = failure_factor × a reference step time
                                      #   (the single-device time); the controller used failing_signal=100 s
+    # --- warm start (not in the papers; off with imitation_steps=0) ---
+    imitation_steps: int = 300       # before REINFORCE, fit the policy to the best baseline's group placement
+                                     #   (majority device per group) by maximum likelihood for at most this many
+                                     #   Adam steps, so the search starts from a working placement instead of
+                                     #   uniform noise (which mostly runs out of memory on big models)
+    imitation_prob: float = 0.97     # ...stopping once the geometric-mean per-group probability reaches this:
+                                     #   samples then differ from the baseline in ~3% of groups (exploration)
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def charged_step_times(outcomes, failure_step_time: float, capacity: np.ndarray | None = None) -> np.ndarray:
+    """The step time each outcome is charged: its own when it worked; `failure_step_time` when it failed,
+    scaled by how far an OOM placement overflows its fullest device (peak / capacity ≥ 1), so the policy is
+    pushed toward placements that need less memory even while every sample still runs out of it."""
+    t = np.array([o.step_time if o.ok else failure_step_time for o in outcomes], np.float64)
+    t[~np.isfinite(t)] = failure_step_time
+    if capacity is not None:
+        cap = np.maximum(np.asarray(capacity, np.float64), 1.0)
+        for i, o in enumerate(outcomes):
+            if o.failed and o.oom and len(o.peak_memory) == len(cap):
+                t[i] = failure_step_time * max(1.0, float((np.asarray(o.peak_memory, np.float64) / cap).max()))
+    return t
+
+
+def group_majority(op_devices: np.ndarray, op_group: np.ndarray, num_groups: int, num_devices: int) -> np.ndarray:
+    """The device holding most of each group's ops (group placement closest to an op placement)."""
+    counts = np.zeros((num_groups, num_devices), np.int64)
+    np.add.at(counts, (np.asarray(op_group), np.asarray(op_devices)), 1)
+    return counts.argmax(axis=1).astype(np.int32)
 
 
 def reward_of(step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:
@@ -97,6 +129,7 @@ class Reinforce:
         self.policy = PlacementPolicy(features, allowed, hidden_size=cfg.hidden_size, attn_size=cfg.attn_size,
                                       temperature=cfg.temperature, tanh_constant=cfg.tanh_constant,
                                       forget_bias=cfg.forget_bias, group_embedding=cfg.group_embedding,
+                                      stay_bias=cfg.stay_bias,
                                       seed=cfg.seed)
         self.variables = list(self.policy.trainable_variables)
         self.optimizer = keras.optimizers.Adam(cfg.learning_rate, global_clipnorm=cfg.grad_clip)
@@ -131,6 +164,33 @@ class Reinforce:
         grad_norm = tf.linalg.global_norm(grads)
         self.optimizer.apply_gradients(zip(grads, self.variables))   # clips to grad_clip (global norm)
         return loss, entropy, grad_norm, logp
+
+    def _imitate_step(self, actions, noise):
+        with tf.GradientTape() as tape:
+            logp, _ = self.policy._log_probs(actions, noise, 0.0)
+            loss = -tf.reduce_mean(logp) / float(self.policy.num_groups)
+        grads = tape.gradient(loss, self.variables)
+        self.optimizer.apply_gradients(zip(grads, self.variables))
+        return loss
+
+    def imitate(self, group_devices: np.ndarray, max_steps: int | None = None,
+                target_prob: float | None = None) -> dict[str, float]:
+        """Maximum-likelihood warm start on one group placement: Adam steps on -log π(group_devices) / G until
+        the geometric-mean per-group probability reaches `target_prob` (or `max_steps`)."""
+        cfg = self.config
+        max_steps = cfg.imitation_steps if max_steps is None else max_steps
+        target_prob = cfg.imitation_prob if target_prob is None else target_prob
+        G, D = self.policy.num_groups, self.policy.num_devices
+        a = tf.constant(np.asarray(group_devices, np.int32)[None], tf.int32)
+        noise = tf.zeros([1, G, D])
+        if not hasattr(self, "_imitate_fn"):
+            self._imitate_fn = tf.function(self._imitate_step)
+        prob, steps = 0.0, 0
+        for steps in range(1, max_steps + 1):
+            prob = float(np.exp(-float(self._imitate_fn(a, noise))))
+            if prob >= target_prob:
+                break
+        return {"imitation_steps": steps, "imitation_prob": prob}
 
     def learn(self, actions: np.ndarray, noise: np.ndarray, rewards: np.ndarray) -> dict[str, float]:
         """One policy-gradient step on K sampled placements and their rewards."""
@@ -178,7 +238,7 @@ class UpdateResult:
 
 
 def reinforce_update(agent: Reinforce, grouping, evaluator, cpu_index: int | None,
-                     failure_step_time: float) -> UpdateResult:
+                     failure_step_time: float, capacity: np.ndarray | None = None) -> UpdateResult:
     """Sample K placements → expand to ops → evaluate in one batch → rewards → one policy-gradient step."""
     t0 = time.perf_counter()
     actions, noise = agent.sample()                                              # 1. sample
@@ -188,7 +248,8 @@ def reinforce_update(agent: Reinforce, grouping, evaluator, cpu_index: int | Non
     t2 = time.perf_counter()
     step_times = np.array([o.step_time for o in outcomes], np.float64)
     failed = np.array([o.failed for o in outcomes], bool)
-    rewards = agent.rewards(step_times, failed, failure_step_time)              # 4. reward
+    charged = charged_step_times(outcomes, failure_step_time, capacity)        # 4. reward = -sqrt(time)
+    rewards = agent.rewards(charged, np.zeros(len(charged), bool), failure_step_time)
     stats = agent.learn(actions, noise, rewards)                                # 5-6. baseline, loss, Adam
     t3 = time.perf_counter()
     stats.update(sample_s=t1 - t0, evaluate_s=t2 - t1, learn_s=t3 - t2)

@@ -159,6 +159,7 @@ class Search:
         self.since_improvement = 0
         self.failure_step_time: float | None = None
         self.baselines_done = False
+        self.imitated = ""             # the baseline the policy was warm-started on ("" = none)
         self._oom_seen: list = []      # (max used/capacity ratio, device index, used, capacity) of OOM outcomes
         self._t_start = time.perf_counter()
         self._writer = None
@@ -195,7 +196,7 @@ class Search:
             "search_best_groups": self.search_best_groups, "history": self.history,
             "evaluations": self.evaluations, "updates": self.updates, "wall_s": self.wall_s(),
             "since_improvement": self.since_improvement, "failure_step_time": self.failure_step_time,
-            "allowed": self.allowed, "config": self.config.to_dict(), "oom_seen": self._oom_seen[-64:],
+            "imitated": self.imitated, "allowed": self.allowed, "config": self.config.to_dict(), "oom_seen": self._oom_seen[-64:],
         }
         _atomic_write_bytes(path, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -228,6 +229,7 @@ class Search:
                   "since_improvement", "failure_step_time"):
             setattr(self, k, state[k])
         self._oom_seen = list(state.get("oom_seen", []))
+        self.imitated = state.get("imitated", "")
         self.wall_before = float(state["wall_s"])
         self._t_start = time.perf_counter()
         return True
@@ -273,6 +275,38 @@ class Search:
             if ref is not None:
                 self.failure_step_time = self.config.failure_factor * ref
         self.baselines_done = True
+
+    def _warm_start(self) -> None:
+        """Imitate a baseline before learning. The policy places groups, so each working baseline is first
+        turned into its group-level version (majority device per group, CPU-only groups on the CPU), those
+        are evaluated in one batch, and the best that works (else the least overflowing) is imitated."""
+        from placer.rl.reinforce import charged_step_times, group_majority
+
+        D = len(self.devices)
+        names = [n for n, t in sorted(self.baselines.items(), key=lambda kv: kv[1] or np.inf)
+                 if t is not None and n in self.baseline_placements]
+        if not names:
+            return
+        targets = []
+        for n in names:
+            t = group_majority(self.baseline_placements[n], self.grouping.op_group, self.grouping.num_groups, D)
+            bad = ~self.allowed[np.arange(len(t)), t]
+            t[bad] = self.allowed[bad].argmax(axis=1)
+            targets.append(t)
+        placements = [self.grouping.expand(t, self.cpu_index) for t in targets]
+        outcomes = self.evaluator.evaluate(placements)
+        self.evaluations += len(placements)
+        charged = charged_step_times(outcomes, self.failure_step_time or 100.0, self.device_capacity)
+        k = int(np.argmin(charged))
+        for n, p, o in zip(names, placements, outcomes):
+            if o.ok:
+                self._consider(p, o.step_time, f"{n} (grouped)")
+        info = self.agent.imitate(targets[k])
+        self.imitated = names[k]
+        log.info("warm start: imitated %s at group level (%s) in %d steps (per-group prob %.3f)", names[k],
+                 f"{outcomes[k].step_time:.4g} s" if outcomes[k].ok else "fails: " + str(outcomes[k].reason),
+                 info["imitation_steps"], info["imitation_prob"])
+        self.save_checkpoint()
 
     def _record(self, upd, wall: float) -> dict[str, float]:
         ok = ~upd.failed & np.isfinite(upd.step_times)
@@ -377,6 +411,9 @@ class Search:
         if not self.baselines_done:
             self._evaluate_baselines()
             self.save_checkpoint()
+        if self.updates == 0 and not self.imitated and self.config.imitation_steps > 0 and self.best_placement is not None \
+                and int(self.allowed.sum(axis=1).max()) > 1:
+            self._warm_start()
         if int(self.allowed.sum(axis=1).max()) <= 1:     # nothing to choose: one allowed device per group
             forced = self.grouping.expand(self.allowed.argmax(axis=1), self.cpu_index)
             if self.best_placement is None:
@@ -403,7 +440,7 @@ class Search:
                     break
                 fail_t = self.failure_step_time
                 upd = reinforce_update(self.agent, self.grouping, self.evaluator, self.cpu_index,
-                                       fail_t if fail_t is not None else 100.0)
+                                       fail_t if fail_t is not None else 100.0, self.device_capacity)
                 if self.failure_step_time is None:   # no baselines: reference = worst working sample
                     ok = ~upd.failed & np.isfinite(upd.step_times)
                     if ok.any():
