@@ -101,6 +101,16 @@ LOOP_OPS = frozenset({"While", "StatelessWhile", "_While"})
 CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf", "Case", "StatelessCase"})
 
 
+def _node_flops(graph, node_def) -> float:
+    """TF's registered FLOP statistic for one node (raises when none is registered). TF's flops registry calls a
+    deprecated shape helper that logs an "Instructions for updating" warning: silenced here."""
+    from tensorflow.python.framework import ops as tf_ops
+    from tensorflow.python.util import deprecation
+
+    with deprecation.silence():
+        return float(tf_ops.get_stats_for_node_def(graph, node_def, "flops").value or 0)
+
+
 # --------------------------------------------------------------------------------------------- runtime helpers
 @dataclass(frozen=True)
 class RuntimeSpec:
@@ -993,7 +1003,6 @@ def _tensor_bytes(t, unknown: list) -> int:
 
 def _records(g, keep: set[str], gd, where: str, unknown_level: int = logging.WARNING):
     import tensorflow as tf
-    from tensorflow.python.framework import ops as tf_ops
 
     lib = {f.signature.name: f for f in gd.library.function}
     lib_names = set(lib)
@@ -1015,8 +1024,7 @@ def _records(g, keep: set[str], gd, where: str, unknown_level: int = logging.WAR
                 unknown.append(op.name)
         flops = 0.0
         try:
-            st = tf_ops.get_stats_for_node_def(g, op.node_def, "flops")
-            flops = float(st.value or 0)
+            flops = _node_flops(g, op.node_def)
         except Exception:  # noqa: BLE001 - no statistics registered for this op type
             flops = 0.0
         if op.type in CALL_OPS or op.type in lib_names:
@@ -1068,7 +1076,6 @@ def _call_flops(op, lib: dict, where: str) -> float:
 def _function_flops(fname: str, lib: dict, shapes=None, depth: int = 0) -> float:
     if fname not in lib or depth > 5:
         return 0.0
-    from tensorflow.python.framework import ops as tf_ops
     from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
     try:
@@ -1081,7 +1088,7 @@ def _function_flops(fname: str, lib: dict, shapes=None, depth: int = 0) -> float
     total = 0.0
     for op in fg.get_operations():
         try:
-            total += float(tf_ops.get_stats_for_node_def(fg, op.node_def, "flops").value or 0)
+            total += _node_flops(fg, op.node_def)
         except Exception:  # noqa: BLE001
             pass
         for a in op.node_def.attr.values():

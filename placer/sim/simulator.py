@@ -29,8 +29,6 @@ The hot loop is numba-compiled (`_simulate_kernel`, nogil, cache=True) over CSR 
 """
 from __future__ import annotations
 
-import math
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
