@@ -269,7 +269,12 @@ def run_search(args) -> int:
 
     resume = bool(getattr(args, "resume", None))
     if resume:
+        # flags without a default given with --resume override the stored ones (e.g. --max-updates 100)
+        override = {k: getattr(args, k, None) for k in ("max_updates", "patience")}
         args = _load_args(Path(args.resume), args)
+        for k, v in override.items():
+            if v is not None:
+                setattr(args, k, v)
     if not getattr(args, "out", None):
         raise SearchError("give --out DIR for the search's files (or --resume DIR)")
     if not (getattr(args, "cluster", None) or getattr(args, "devices", None)):

@@ -1,0 +1,55 @@
+"""`placer search` end to end on the tiny NMT model (simulated 4xK80): files, summary keys, resume, bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from placer.cli import main  # noqa: E402
+
+SUMMARY_KEYS = {"model", "cluster", "step_time_s", "search_best_s", "lower_bound_s", "baselines", "evaluations",
+                "wall_s", "seed", "reward", "cost_source", "versions"}
+
+
+def test_search_cli_files_summary_and_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["search", "--model", "nmt", "--size", "tiny", "--cluster", "4xK80", "--max-updates", "3",
+               "--budget", "120", "--out", str(out), "--no-progress", "--json"])
+    assert rc == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert SUMMARY_KEYS <= set(s)
+    for f in ("placement.json", "placed.meta", "summary.json", "trace.json", "curve.png", "tb", "checkpoint"):
+        assert (out / f).exists(), f
+    assert s["model"] == "nmt" and s["reward"] == "sim" and s["updates"] == 3
+    assert set(s["versions"]) == {"placer", "tensorflow"}
+    ok = [v for v in s["baselines"].values() if v is not None]
+    assert ok and s["step_time_s"] <= min(ok) + 1e-12          # never worse than the best baseline
+    assert s["lower_bound_s"] <= s["step_time_s"]
+    pl = json.loads((out / "placement.json").read_text())
+    assert pl["format"] == 1 and set(pl["placement"].values()) <= set(pl["devices"])
+    trace = json.loads((out / "trace.json").read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+    # resume: nothing else needed but the directory; the update count continues
+    rc = main(["search", "--resume", str(out), "--max-updates", "5", "--json"])
+    assert rc == 0
+    s2 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s2["updates"] == 5 and s2["step_time_s"] <= s["step_time_s"]
+    assert s2["evaluations"] == s["evaluations"] + 2 * 16
+    # starting again into the same directory is refused (it would clobber the search)
+    assert main(["search", "--model", "nmt", "--size", "tiny", "--cluster", "4xK80", "--out", str(out)]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_search_cli_bad_input(tmp_path, capsys):
+    base = ["search", "--model", "nmt", "--size", "tiny", "--no-progress"]
+    assert main(base + ["--cluster", "4xK80", "--budget", "0", "--out", str(tmp_path / "a")]) == 2
+    assert "budget must be positive" in capsys.readouterr().err
+    assert main(["search", "--resume", str(tmp_path / "nothing")]) == 2
+    assert "not a search directory" in capsys.readouterr().err
+    # one device: returns at once with the only placement there is
+    rc = main(base + ["--cluster", "cpu", "--budget", "60", "--out", str(tmp_path / "one"), "--json"])
+    assert rc == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s["updates"] == 0 and s["stop_reason"] == "one_device"
