@@ -323,3 +323,12 @@ def test_forward_operator_placement_keeps_gradients_with_forward_ops(name):
     grads = [n for n in g.names if n.startswith("gradients/")]
     assert grads and all(dev[n] == dev[forward_name(n)] for n in grads)
     assert len(set(pl.tolist())) > 1
+
+
+def test_scotch_is_reproducible():
+    if "scotch" not in BASELINES:
+        pytest.skip("pyscotch unavailable")
+    g = nmt_like(8)
+    c = make_cluster(4)
+    runs = [rb("scotch", g, c, seed=5) for _ in range(3)]
+    assert all((r == runs[0]).all() for r in runs)

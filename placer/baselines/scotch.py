@@ -2,7 +2,7 @@
 
 Rule: the same contracted graph as `metis` (co-location groups; vertex weight = compute seconds, edge
 weight = bytes; CPU-only groups fixed to the CPU) mapped onto a complete graph of N GPUs with Scotch's
-default mapping strategy (`pyscotch.Graph.partition`, PRNG reset to `seed` for reproducibility). Memory is
+default mapping strategy (`pyscotch.Graph.partition`, in a deterministic Scotch context seeded with `seed`). Memory is
 re-balanced as in `metis` (PlacementError when the model cannot fit).
 """
 from __future__ import annotations
@@ -22,10 +22,10 @@ def _pyscotch():
     # pyscotch prints two "✓ Loaded Scotch" lines to stderr on first use; keep CLI output clean
     with contextlib.redirect_stderr(io.StringIO()):
         import pyscotch
-        from pyscotch import Graph
+        from pyscotch import Context, Graph
 
         pyscotch.get_scotch_dtype()
-    return pyscotch, Graph
+    return pyscotch, Graph, Context
 
 
 def available() -> bool:
@@ -49,19 +49,26 @@ def scotch_placement(graph: OpGraph, cluster: Cluster, costs=None, seed: int = 0
     >>> sorted(np.bincount(pl).tolist())
     [3, 3]
     """
-    pyscotch, Graph = _pyscotch()
+    _, Graph, Context = _pyscotch()
 
     def part(cg, k: int) -> np.ndarray:
-        sg = Graph()
+        sg, ctx, bound = Graph(), None, None
         try:
             ew = to_int_weights(cg.eweight) if len(cg.adjncy) else None
             sg.build(cg.xadj, cg.adjncy, velotab=to_int_weights(cg.vweight), edlotab=ew)
-            pyscotch.random_seed(int(seed))
-            pyscotch.random_reset()
-            return np.asarray(sg.partition(k), np.int64)
+            # Scotch 7 maps with threads: a context with the deterministic option and a fixed seed makes the
+            # result reproducible (SCOTCH_OPTIONNUMDETERMINISTIC = 0, SCOTCH_OPTIONNUMRANDOMFIXEDSEED = 1)
+            ctx = Context()
+            ctx.option_set(0, 1)
+            ctx.option_set(1, 1)
+            ctx.random_seed(int(seed))
+            bound = ctx.bind_graph(sg)
+            return np.asarray(bound.partition(k), np.int64)
         except (RuntimeError, ValueError) as e:
             raise PlacementError(f"scotch: partitioning graph {graph.name!r} failed: {e}") from e
         finally:
-            sg.close()
+            for obj in (bound, ctx, sg):
+                if obj is not None:
+                    obj.close()
 
     return partition_placement(prepare(graph, cluster, costs), part, "scotch")
