@@ -7,8 +7,16 @@ Steps, in order; no step ever splits a co-location group:
      (the paper's "an op and its only consumer are placed together"), while the merged cost stays ≤ a cap;
   3. fold tiny units (negligible compute and no persistent memory) into the neighbour they exchange the
      most bytes with;
-  4. cluster along the topological order: walk the units by topological position and cut them into
-     contiguous runs of balanced compute, with the largest cut threshold that leaves ≤ G groups.
+  4. cluster along the *forward* order within name scopes: every op gets an anchor (a gradient op
+     `gradients/<op>_grad/...` or `gradient_tape/<op>/...` is anchored at its forward op `<op>`, an optimizer
+     update `Adam/update_<var>/...` at `<var>`, any other op at itself) and a scope (the anchor's name scope
+     cut at depth d, d the deepest level with at most G significant scopes: `encoder/layer_0`, `softmax`...);
+     each significant scope gets a share of the G groups in proportion to its compute (≥ 1), and its units,
+     sorted by their anchors' topological position, are cut into that many contiguous runs of balanced
+     compute. So a layer's forward and backward ops share groups (no activation crosses devices just
+     because its gradient was grouped elsewhere), no group straddles two layers, and the hand-made rule
+     "layer i on GPU f(i)" stays expressible at the group level. Insignificant scopes (cost below a quarter
+     of a mean group) share a "misc" budget.
 CPU-only units (ops with no GPU kernel, whole co-location group) are never merged with GPU-capable ones: their
 groups are `cpu_only` and the policy may only put them on the CPU.
 
@@ -23,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import re
+
 import numpy as np
 
 from placer.graphs.opgraph import OpGraph
@@ -33,6 +43,45 @@ TOP_TYPES = 24
 TINY_FRACTION = 0.02
 # chain merging (step 2) stops once a unit would exceed this fraction of the mean group cost
 CHAIN_CAP_FRACTION = 0.5
+# a scope is significant (gets groups of its own) when it costs at least this fraction of the mean group cost
+SCOPE_FRACTION = 0.25
+# ...and name scopes go one level deeper only while significant scopes keep this share of the compute
+SCOPE_COVERAGE = 0.8
+_GRAD_PREFIX = re.compile(r"^(?:gradients(?:_\d+)?|gradient_tape)/")
+_UPDATE_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9]*/update_")
+
+
+def anchors(graph: OpGraph) -> tuple[np.ndarray, list[list[str]]]:
+    """Each op's forward anchor: (anchor op index int64[n], the anchor's name-scope components per op).
+
+    `gradients/enc/MatMul_grad/MatMul_1` → `enc/MatMul`; `gradient_tape/model/dense/MatMul/MatMul_1` →
+    `model/dense/MatMul` (longest name prefix that is an op); `Adam/update_enc/kernel/ResourceApplyAdam` →
+    `enc/kernel`; anything else → itself. When no op matches, the stripped name still gives the scope.
+    """
+    index = {nm: i for i, nm in enumerate(graph.names)}
+    anchor = np.arange(graph.num_ops, dtype=np.int64)
+    scopes: list[list[str]] = []
+    for i, nm in enumerate(graph.names):
+        path = nm
+        m = _GRAD_PREFIX.match(nm)
+        if m:
+            path = nm[m.end():]
+            if "_grad/" in path:
+                path = path[:path.index("_grad/")]
+        else:
+            m = _UPDATE_PREFIX.match(nm)
+            if m:
+                path = nm[m.end():]
+        if path != nm:
+            parts = path.split("/")
+            for k in range(len(parts), 0, -1):
+                j = index.get("/".join(parts[:k]))
+                if j is not None:
+                    anchor[i] = j
+                    path = graph.names[j]
+                    break
+        scopes.append(path.split("/")[:-1])
+    return anchor, scopes
 
 
 def default_max_groups(num_devices: int) -> int:
@@ -107,6 +156,8 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
     total = float(cost.sum()) or 1.0
     mean_group = total / max_groups
     cpu = graph.cpu_only.astype(bool)
+    anchor, op_scope_parts = anchors(graph)
+    scope_of = _choose_scopes(op_scope_parts, cost, max_groups, SCOPE_FRACTION * mean_group)
 
     # 1. co-location units
     dsu = _DSU(n)
@@ -145,7 +196,7 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
         if cons_count[s] != 1:
             continue
         d = only[s]
-        if cpu[s] != cpu[d]:
+        if cpu[s] != cpu[d] or scope_of[s] != scope_of[d]:
             continue
         rs, rd = dsu.find(s), dsu.find(d)
         if rs != rd and ucost[rs] + ucost[rd] <= cap:
@@ -169,14 +220,20 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
             if u in best:
                 merge(u, best[u][1])
 
-    # 4. balanced contiguous clustering along topological order, per CPU class
+    # 4. per scope, balanced contiguous runs along the anchors' (forward) topological order; CPU-only apart
     roots = np.fromiter((dsu.find(i) for i in range(n)), np.int64, n)
     uniq, unit_of = np.unique(roots, return_inverse=True)
     U = len(uniq)
-    pos = np.bincount(unit_of, weights=np.arange(n), minlength=U) / np.bincount(unit_of, minlength=U)
+    w = cost + 1e-12  # op weight (zero-cost ops still vote)
+    pos = np.bincount(unit_of, weights=w * anchor, minlength=U) / np.bincount(unit_of, weights=w, minlength=U)
     u_cost = np.bincount(unit_of, weights=cost, minlength=U)
     u_cpu = np.zeros(U, bool)
     u_cpu[unit_of[cpu]] = True
+    # a unit's scope: the scope holding most of its weight
+    n_scopes = int(scope_of.max()) + 1
+    sw = np.zeros((U, n_scopes))
+    np.add.at(sw, (unit_of, scope_of), w)
+    u_scope = sw.argmax(axis=1)
     n_cpu_units = int(u_cpu.sum())
     budget_cpu = min(n_cpu_units, max(1, max_groups // 16)) if n_cpu_units else 0
     if n_cpu_units == U:
@@ -185,12 +242,23 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
     if budget_gpu < 1 and n_cpu_units < U:  # G too small to keep the classes apart: one mixed class
         u_cpu[:] = False                     # (expand() still forces CPU-only ops onto the CPU)
         budget_gpu, budget_cpu = max_groups, 0
+    # buckets: (unit indices, budget); GPU-capable units by scope, CPU-only units in one bucket
+    buckets: list[tuple[np.ndarray, int]] = []
+    gpu_units = np.flatnonzero(~u_cpu)
+    if len(gpu_units):
+        scopes_here = np.unique(u_scope[gpu_units])
+        members = [gpu_units[u_scope[gpu_units] == sc] for sc in scopes_here]
+        shares = _apportion(np.array([u_cost[m].sum() for m in members]), max(1, budget_gpu))
+        buckets += [(m, k) for m, k in zip(members, shares) if k > 0]
+        # scopes apportioned no group (more scopes than groups) join their neighbour in forward order
+        left = [m for m, k in zip(members, shares) if k == 0]
+        if left:
+            buckets = _merge_unbudgeted(buckets, left, pos)
+    if n_cpu_units and budget_cpu:
+        buckets.append((np.flatnonzero(u_cpu), budget_cpu))
     group_of_unit = np.empty(U, np.int64)
     next_id = 0
-    for cls, budget in ((False, budget_gpu), (True, budget_cpu)):
-        members = np.flatnonzero(u_cpu == cls)
-        if len(members) == 0:
-            continue
+    for members, budget in buckets:
         members = members[np.argsort(pos[members], kind="stable")]
         labels = _balanced_runs(u_cost[members], max(1, budget))
         group_of_unit[members] = labels + next_id
@@ -204,6 +272,61 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
     rank[order] = np.arange(G)
     op_group = rank[group_of_unit[unit_of]].astype(np.int32)
     return _with_features(graph, op_group, G, cost)
+
+
+def _choose_scopes(parts: list[list[str]], cost: np.ndarray, max_groups: int, significant: float) -> np.ndarray:
+    """Scope id per op: the name scope at the deepest depth d whose significant scopes (cost ≥ `significant`)
+    number at most max_groups - 1 (one group is kept for the rest) and cover ≥ SCOPE_COVERAGE of the compute. Ops in insignificant scopes share id 0
+    ("misc"). Returns int64[n]."""
+    n = len(parts)
+    best = np.zeros(n, np.int64)
+    total = float(cost.sum())
+    max_depth = max((len(p) for p in parts), default=0)
+    for d in range(1, max_depth + 1):
+        keys = ["/".join(p[:d]) for p in parts]
+        uniq, inv = np.unique(np.asarray(keys, dtype=object), return_inverse=True)
+        sc_cost = np.bincount(inv, weights=cost, minlength=len(uniq))
+        sig = (sc_cost >= significant) & (uniq != "")
+        # deeper only while the significant scopes fit the budget and still hold most of the compute
+        if int(sig.sum()) > max_groups - 1 or sc_cost[sig].sum() < SCOPE_COVERAGE * total:
+            break
+        ids = np.zeros(len(uniq), np.int64)
+        ids[sig] = np.arange(1, int(sig.sum()) + 1)
+        best = ids[inv]
+    return best
+
+
+def _apportion(costs: np.ndarray, k: int) -> np.ndarray:
+    """Split k groups over buckets in proportion to cost, at least 1 each while k allows (largest remainder);
+    the cheapest buckets get 0 when there are more buckets than groups."""
+    m = len(costs)
+    out = np.zeros(m, np.int64)
+    order = np.argsort(-costs, kind="stable")
+    first = order[:min(m, k)]
+    out[first] = 1
+    rest = k - len(first)
+    if rest > 0 and costs.sum() > 0:
+        ideal = costs / costs.sum() * k
+        extra = np.maximum(ideal - out, 0)
+        if extra.sum() > 0:
+            add = np.floor(extra / extra.sum() * rest).astype(np.int64)
+            out += add
+            rem = rest - int(add.sum())
+            frac = extra / extra.sum() * rest - add
+            out[np.argsort(-frac, kind="stable")[:rem]] += 1
+        else:
+            out[order[0]] += rest
+    return out
+
+
+def _merge_unbudgeted(buckets, left, pos):
+    """Give each unbudgeted scope's units to the budgeted bucket nearest in forward position."""
+    centers = np.array([np.median(pos[m]) for m, _ in buckets])
+    merged = [list(m) for m, _ in buckets]
+    for m in left:
+        j = int(np.argmin(np.abs(centers - np.median(pos[m]))))
+        merged[j].extend(m.tolist())
+    return [(np.asarray(mm, np.int64), k) for mm, (_, k) in zip(merged, buckets)]
 
 
 def _balanced_runs(costs: np.ndarray, k: int) -> np.ndarray:
