@@ -171,8 +171,13 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
             first[c] = i
     ucost = np.zeros(n)
     upersist = np.zeros(n)
-    np.add.at(ucost, [dsu.find(i) for i in range(n)], cost)
-    np.add.at(upersist, [dsu.find(i) for i in range(n)], graph.persistent_bytes)
+    root0 = [dsu.find(i) for i in range(n)]
+    np.add.at(ucost, root0, cost)
+    np.add.at(upersist, root0, graph.persistent_bytes)
+    # a unit's scope while it is homogeneous (-1 once mixed: a co-location group spanning scopes)
+    uscope = np.full(n, -2, np.int64)
+    for i, r in enumerate(root0):
+        uscope[r] = scope_of[i] if uscope[r] in (-2, scope_of[i]) else -1
 
     def merge(a: int, b: int) -> None:
         ra, rb = dsu.find(a), dsu.find(b)
@@ -182,6 +187,11 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
         o = rb if r == ra else ra
         ucost[r] += ucost[o]
         upersist[r] += upersist[o]
+
+    def same_scope(a: int, b: int) -> bool:
+        """Steps 2-3 merge only units of one (known) scope, so no unit straddles two layers."""
+        sa, sb = uscope[dsu.find(a)], uscope[dsu.find(b)]
+        return sa == sb and sa >= 0
 
     # 2. single-consumer chains
     src, dst = graph.edge_src, graph.edge_dst
@@ -196,7 +206,7 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
         if cons_count[s] != 1:
             continue
         d = only[s]
-        if cpu[s] != cpu[d] or scope_of[s] != scope_of[d]:
+        if cpu[s] != cpu[d] or not same_scope(s, d):
             continue
         rs, rd = dsu.find(s), dsu.find(d)
         if rs != rd and ucost[rs] + ucost[rd] <= cap:
@@ -214,10 +224,14 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
             if a == b:
                 continue
             for u, v in ((a, b), (b, a)):
-                if u in tiny and cpu[u] == cpu[v] and (u not in best or w > best[u][0]):
+                if (u in tiny and cpu[u] == cpu[v] and same_scope(u, v)
+                        and (u not in best or w > best[u][0])):
                     best[u] = (w, v)
         for u in sorted(tiny):
-            if u in best:
+            r = dsu.find(u)
+            # a tiny unit that has meanwhile absorbed others into something substantial stays put: folding it
+            # now would glue two substantial units together
+            if u in best and ucost[r] < tiny_cut and upersist[r] == 0:
                 merge(u, best[u][1])
 
     # 4. per scope, balanced contiguous runs along the anchors' (forward) topological order; CPU-only apart
