@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 pytest.importorskip("tensorflow")
@@ -53,3 +55,18 @@ def test_search_cli_bad_input(tmp_path, capsys):
     assert rc == 0
     s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert s["updates"] == 0 and s["stop_reason"] == "one_device"
+
+
+def test_search_graph_model_too_big_names_memory():
+    from placer.errors import SearchError
+    from placer.graphs.opgraph import OpGraph
+    from placer.rl.commands import search_graph
+    from placer.sim.cluster import make_cluster, make_device
+
+    g = OpGraph.build([("v", "VariableV2", 8), ("r", "Identity", 8)], [("v", "r")])
+    g = type(g)(**{**g.__dict__, "persistent_bytes": g.persistent_bytes * 0 + 3 * 2**30})
+    cl = make_cluster([make_device("/GPU:0", "K80", memory_bytes=2**30, reserve_bytes=0),
+                       make_device("/GPU:1", "K80", memory_bytes=2**30, reserve_bytes=0),
+                       make_device("/CPU:0", "cpu", memory_bytes=2**36)])
+    with pytest.raises(SearchError, match=r"needs at least 6\.0 GiB .* hold 2\.0 GiB together \(/GPU:0 1\.0 GiB"):
+        search_graph(g, cluster=cl, budget_seconds=10, costs=np.ones((2, 3)))

@@ -52,14 +52,16 @@ def group_allowed(grouping, cost: np.ndarray, cpu_index: int | None) -> np.ndarr
     return both
 
 
-def _check_total_memory(graph, cluster) -> None:
-    """The model's variables must fit in the devices' memory taken together (even split): else no search."""
+def _check_total_memory(graph, cluster, usable: list[int]) -> None:
+    """The model's variables must fit in the usable devices' memory taken together (even split): else no
+    search, and an error naming the memory needed against what the devices hold."""
     need = float(np.asarray(graph.persistent_bytes, np.float64).sum())
-    have = float(sum(d.capacity_bytes for d in cluster.devices))
+    devs = [cluster.devices[i] for i in usable]
+    have = float(sum(d.capacity_bytes for d in devs))
     if need > have:
         raise SearchError(f"graph {graph.name!r} needs at least {_fmt_bytes(need)} for its variables, but the "
-                          f"devices of {cluster.name} hold {_fmt_bytes(have)} together "
-                          f"({', '.join(f'{d.name} {_fmt_bytes(d.capacity_bytes)}' for d in cluster.devices)})")
+                          f"devices it may use on {cluster.name} hold {_fmt_bytes(have)} together "
+                          f"({', '.join(f'{d.name} {_fmt_bytes(d.capacity_bytes)}' for d in devs)})")
 
 
 def _baselines(graph, cluster, costs, seed: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -114,9 +116,9 @@ def search_graph(graph, *, cluster=None, devices=None, reward: str = "sim", budg
     sim = SimEvaluator(graph, cluster, costs)
     cost_source = str(sim.sim.cost_source)
     lower_bound = float(sim.lower_bound())
-    _check_total_memory(graph, cluster)
-
     gpus = cluster.gpu_indices
+    _check_total_memory(graph, cluster, list(range(cluster.num_devices)) if allow_cpu else sorted(set(gpus)))
+
     G = int(max_groups) if max_groups else default_max_groups(len(gpus))
     grouping = group(graph, max_groups=G, op_costs=np.where(np.isfinite(sim.sim.cost[:, gpus[0]]),
                                                             sim.sim.cost[:, gpus[0]], 0.0))
