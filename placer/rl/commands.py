@@ -273,6 +273,7 @@ def run_search(args) -> int:
     if resume:
         # flags without a default given with --resume override the stored ones (e.g. --max-updates 100)
         override = {k: getattr(args, k, None) for k in ("max_updates", "patience")}
+        override.update({k: True for k in ("json", "no_progress") if getattr(args, k, False)})
         args = _load_args(Path(args.resume), args)
         for k, v in override.items():
             if v is not None:
