@@ -121,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--no-progress", action="store_true")
 
-    p = sub.add_parser("demo", help="a short real search on an embedded default (NMT tiny on 4xK80)")
-    p.add_argument("--budget", type=float, default=60.0)
+    p = sub.add_parser("demo", help="a short real search on an embedded default (NMT on 4 simulated K80s)")
+    p.add_argument("--budget", type=float, default=90.0, help="search seconds (default 90)")
     p.add_argument("--out", default="demo-out")
     return ap
 

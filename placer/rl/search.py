@@ -425,7 +425,7 @@ class Search:
 
         from tqdm import tqdm
 
-        bar = tqdm(total=max_updates, initial=self.updates, disable=not self.progress, unit="upd",
+        bar = tqdm(total=max_updates, initial=self.updates, disable=None if self.progress else True, unit="upd",
                    desc="search", dynamic_ncols=True, leave=False)
         stop = None
         try:
