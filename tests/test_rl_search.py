@@ -80,7 +80,7 @@ def _setup(G=8, seed=0, **ev):
 
 SMALL = dict(hidden_size=32, attn_size=16)
 # the papers' cold start (logit noise, no warm start), for tests where the optimum is far from every baseline
-COLD = dict(SMALL, noise_scale=0.5, imitation_prob=0.97)
+COLD = dict(SMALL, noise_scale=0.5, imitation_steps=0)
 
 
 def test_search_beats_baseline_and_reaches_optimum(tmp_path):
