@@ -492,7 +492,15 @@ def rebalance_memory(prob: Problem, group_device: np.ndarray, what: str) -> np.n
 def with_gradient_fallback(run, colocate_gradients: bool | None) -> np.ndarray:
     """Run a list scheduler `run(colocate_gradients) -> placement`. None (the default): op-level first and,
     if that runs out of memory, again with backward ops co-located with their forward ops (fewer copies of
-    saved activations); the first error is raised when both fail."""
+    saved activations); the first error is raised when both fail.
+
+    Forward-operator placement (Baechi's option): with `colocate_gradients=True` every backward op
+    (`gradients/<forward op>_grad/...`) joins its forward op's co-location group, so only forward ops are
+    scheduled freely and saved activations never cross devices. Default (None): op-level scheduling, retried
+    with forward-operator placement only when it runs out of memory (on the built-in LSTM models the merged
+    groups, chained through TF's own co-location of gradient sums, grow to hundreds of ops and op-level
+    schedules were usually faster).
+    """
     if colocate_gradients is not None:
         return run(bool(colocate_gradients))
     try:

@@ -7,12 +7,7 @@ of their first op, whose memory they reserve as a whole), that gives the earlies
 `max(device free, inputs arrived) + cost` (non-insertion variant: an op is appended after the device's last
 op). CPU-only ops go to the CPU. When an op fits nowhere, PlacementError names memory needed vs available.
 
-Forward-operator placement (Baechi's option): with `colocate_gradients=True` every backward op
-(`gradients/<forward op>_grad/...`) joins its forward op's co-location group, so only forward ops are
-scheduled freely and saved activations never cross devices. Default (None): op-level scheduling, retried
-with forward-operator placement only when it runs out of memory (on the built-in LSTM models the merged
-groups, chained through TF's own co-location of gradient sums, grow to hundreds of ops and op-level
-schedules were usually faster).
+Forward-operator placement (`colocate_gradients`): see `placer.baselines._common.with_gradient_fallback`.
 """
 from __future__ import annotations
 

@@ -7,12 +7,7 @@ ties go to the op with the larger b-level (longest remaining path). CPU-only ops
 every other op goes to one of the N GPUs. A co-location group reserves its whole memory on the device its
 first op lands on. When no ready op fits anywhere, PlacementError names the op, memory needed and available.
 
-Forward-operator placement (Baechi's option): with `colocate_gradients=True` every backward op
-(`gradients/<forward op>_grad/...`) joins its forward op's co-location group, so only forward ops are
-scheduled freely and saved activations never cross devices. Default (None): op-level scheduling, retried
-with forward-operator placement only when it runs out of memory (on the built-in LSTM models the merged
-groups, chained through TF's own co-location of gradient sums, grow to hundreds of ops and op-level
-schedules were usually faster).
+Forward-operator placement (`colocate_gradients`): see `placer.baselines._common.with_gradient_fallback`.
 """
 from __future__ import annotations
 

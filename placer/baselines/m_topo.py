@@ -8,12 +8,7 @@ that fits nowhere on the way goes to the GPU with the most free memory). Baechi 
 the largest group as slack to the per-device limit, which can leave the last GPUs empty; we do not. Ops of a group already placed follow their group; CPU-only ops go to the CPU.
 When the last GPU is full, PlacementError names the op, memory needed and available.
 
-Forward-operator placement (Baechi's option): with `colocate_gradients=True` every backward op
-(`gradients/<forward op>_grad/...`) joins its forward op's co-location group, so only forward ops are
-scheduled freely and saved activations never cross devices. Default (None): op-level scheduling, retried
-with forward-operator placement only when it runs out of memory (on the built-in LSTM models the merged
-groups, chained through TF's own co-location of gradient sums, grow to hundreds of ops and op-level
-schedules were usually faster).
+Forward-operator placement (`colocate_gradients`): see `placer.baselines._common.with_gradient_fallback`.
 """
 from __future__ import annotations
 
