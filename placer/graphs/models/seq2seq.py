@@ -42,6 +42,19 @@ def _var(tf, name: str, shape, init=None):
                                      initializer=init or tf.compat.v1.random_uniform_initializer(-0.05, 0.05))
 
 
+def _lstm_layer(tf, scope: str, xs, batch: int, hidden: int):
+    """One unrolled LSTM layer over the inputs `xs` (one tensor per step), ops under `<scope>/step_<t>/`.
+    Returns (outputs per step, last h, last c)."""
+    kernel, bias = _lstm_vars(tf, scope, hidden, hidden)
+    with tf.name_scope(f"{scope}/"):
+        h = c = tf.zeros([batch, hidden], name="zeros")
+    outs = []
+    for t, x in enumerate(xs):
+        h, c = _lstm_step(tf, x, h, c, kernel, bias, f"{scope}/step_{t}/")
+        outs.append(h)
+    return outs, h, c
+
+
 def _lstm_vars(tf, scope: str, in_dim: int, hidden: int):
     kernel = _var(tf, f"{scope}/kernel", [in_dim + hidden, 4 * hidden])
     bias = _var(tf, f"{scope}/bias", [4 * hidden], tf.compat.v1.zeros_initializer())
@@ -143,15 +156,8 @@ def build_nmt(size: str, batch_size: int | None, *, num_layers: int = 2, name: s
             xs = tf.unstack(x, axis=1, name="unstack")
         enc_states = []
         for layer in range(L):
-            kernel, bias = _lstm_vars(tf, f"encoder/layer_{layer}", H, H)
-            with tf.name_scope(f"encoder/layer_{layer}/"):
-                h = c = tf.zeros([B, H], name="zeros")
-            outs = []
-            for t in range(T):
-                h, c = _lstm_step(tf, xs[t], h, c, kernel, bias, f"encoder/layer_{layer}/step_{t}/")
-                outs.append(h)
+            xs, h, c = _lstm_layer(tf, f"encoder/layer_{layer}", xs, B, H)
             enc_states.append((h, c))
-            xs = outs
         # ---- attention memory (keys precomputed once)
         with tf.name_scope("decoder/attention/"):
             w_mem = _var(tf, "decoder/attention/memory_kernel", [H, H])
@@ -206,14 +212,7 @@ def build_rnnlm(size: str, batch_size: int | None) -> OpGraph:
             emb = _var(tf, "embedding/embedding_matrix", [V, H])
             xs = tf.unstack(tf.nn.embedding_lookup(emb, ids, name="lookup"), axis=1, name="unstack")
         for layer in range(L):
-            kernel, bias = _lstm_vars(tf, f"layer_{layer}", H, H)
-            with tf.name_scope(f"layer_{layer}/"):
-                h = c = tf.zeros([B, H], name="zeros")
-            outs = []
-            for t in range(T):
-                h, c = _lstm_step(tf, xs[t], h, c, kernel, bias, f"layer_{layer}/step_{t}/")
-                outs.append(h)
-            xs = outs
+            xs, _, _ = _lstm_layer(tf, f"layer_{layer}", xs, B, H)
         softmax_loss = _SoftmaxLoss(tf, H, V, B, T)
         for t in range(T):
             softmax_loss.step(xs[t], t)
