@@ -42,22 +42,28 @@ def test_sample_shapes_and_masking():
     assert (greedy == greedy[0]).all()   # argmax decoding is deterministic
 
 
-def test_log_probs_match_sampling_frequencies():
-    # teacher-forced log-probs are the probabilities the sampler draws with
+@pytest.mark.parametrize("explore", [0.0, 0.3])
+def test_log_probs_match_sampling_frequencies(explore):
+    # teacher-forced log-probs are the probabilities the sampler draws with (with ε-uniform exploration:
+    # those of the mixture (1-ε)·π + ε·uniform(allowed), which still sums to 1 over every placement)
     G, D = 3, 3
     allowed = np.ones((G, D), bool)
     allowed[1, 0] = False
     pol = PlacementPolicy(np.random.default_rng(1).random((G, 4), dtype=np.float32), allowed,
-                          hidden_size=16, attn_size=8, tanh_constant=3.0, seed=3)
+                          hidden_size=16, attn_size=8, tanh_constant=3.0, seed=3, explore=explore)
     n = 20000
     actions, noise = pol.sample(n)
+    assert allowed[np.arange(G)[None], actions].all()
     logp, _ = pol.log_probs(actions, noise)
     counts = collections.Counter(map(tuple, actions.tolist()))
     lp = {tuple(a): float(p) for a, p in zip(actions.tolist(), logp.numpy())}
-    for seq, c in counts.most_common(4):
+    for seq, c in counts.most_common(6):
         assert abs(c / n - np.exp(lp[seq])) < 0.015, (seq, c / n, np.exp(lp[seq]))
-    total = sum(np.exp(v) for v in lp.values())
-    assert total <= 1.0 + 1e-4
+    every = [(a, b, c) for a in range(D) for b in range(1, D) for c in range(D)]
+    total = float(np.exp(pol.log_probs(np.array(every, np.int32))[0].numpy()).sum())
+    assert total == pytest.approx(1.0, abs=1e-4)
+    if explore:   # every allowed placement keeps at least the uniform share ε^G / (#allowed)
+        assert np.exp(pol.log_probs(np.array(every, np.int32))[0].numpy()).min() >= (explore / 3) ** 2 * (explore / 2) * 0.999
 
 
 def test_policy_rejects_group_without_device():

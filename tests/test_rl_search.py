@@ -223,3 +223,19 @@ def test_resume_after_sigkill(tmp_path):
     assert res.updates == done + 2 and res.history[-1]["update"] == done + 2
     assert res.step_time <= st["best_time"]
     json.dumps(res.summary())   # the summary is plain JSON
+
+
+def test_elite_steps_refit_policy_to_new_best():
+    # cross-entropy step (Post, 2018): after an update samples a new best, the policy's mode is that placement
+    gr, ev = _setup(G=8, seed=2)
+    s = Search(gr, ev, cpu_index=CPU, progress=False,
+               config=ReinforceConfig(imitation_steps=0, elite_steps=300, imitation_prob=0.95, **SMALL))
+    s.run(60, max_updates=1)
+    assert s.search_best_groups is not None
+    greedy, _ = s.agent.sample(1, greedy=True)
+    np.testing.assert_array_equal(greedy[0], s.search_best_groups)
+    s_off = Search(gr, ev, cpu_index=CPU, progress=False,
+                   config=ReinforceConfig(imitation_steps=0, elite_steps=0, **SMALL))
+    s_off.run(60, max_updates=1)
+    greedy_off, _ = s_off.agent.sample(1, greedy=True)
+    assert not np.array_equal(greedy_off[0], s_off.search_best_groups)   # one plain REINFORCE step does not

@@ -10,6 +10,9 @@
                  logits = C · tanh((W [h_t; context_t]) / T)   (tanh clipping C, temperature T)
                  logits += noise_scale · avg|logits| · N(0, 1)  (logit noise early in training)
                  logits[~allowed] = -inf                        (masked devices get probability 0)
+             and, with `explore` = ε > 0, samples from the mixture (1 - ε)·softmax(logits) + ε·uniform(allowed):
+             each group is placed uniformly at random with probability ε (single-group moves the softmax may
+             have ruled out); log-probabilities are those of the mixture, so the gradient stays unbiased
 
 Everything is batched over K samples: `sample(K)` draws K placements in one call (a `tf.while_loop` over the
 groups), and `log_probs(actions, noise)` re-scores them in one call with teacher forcing (one `tf.scan` for the
@@ -69,7 +72,7 @@ class PlacementPolicy(tf.Module):
     def __init__(self, features: np.ndarray, allowed: np.ndarray, *, hidden_size: int = 256,
                  attn_size: int = 64, temperature: float = 1.0, tanh_constant: float = 5.0,
                  forget_bias: float = 1.0, group_embedding: int = 0, stay_bias: float = 0.0, seed: int = 0,
-                 name: str = "placement_policy"):
+                 explore: float = 0.0, name: str = "placement_policy"):
         super().__init__(name=name)
         features = np.asarray(features, np.float32)
         allowed = np.asarray(allowed, bool)
@@ -84,6 +87,9 @@ class PlacementPolicy(tf.Module):
         self.num_devices = allowed.shape[1]
         self.hidden_size, self.attn_size = hidden_size, attn_size
         self.temperature, self.tanh_constant = float(temperature), float(tanh_constant)
+        if not 0.0 <= explore < 1.0:
+            raise ValueError(f"explore must be in [0, 1), got {explore}")
+        self.explore = float(explore)
         G, D, H, A, h2 = self.num_groups, self.num_devices, hidden_size, attn_size, hidden_size // 2
         F = self.num_features + group_embedding
         rng = np.random.default_rng(seed)
@@ -174,6 +180,10 @@ class PlacementPolicy(tf.Module):
         gumbel = -tf.math.log(-tf.math.log(self.rng.uniform([G, k, D], 1e-20, 1.0)))
         gumbel = tf.where(greedy, tf.zeros_like(gumbel), gumbel)
         not_allowed = tf.cast(tf.logical_not(self.allowed), tf.float32) * _NEG      # [G, D]
+        # ε-uniform exploration: which (group, sample) pairs are drawn uniformly, and that uniform draw
+        uniform_a = tf.cast(tf.argmax(-tf.math.log(-tf.math.log(self.rng.uniform([G, k, D], 1e-20, 1.0)))
+                                      + not_allowed[:, None, :], -1), tf.int32)         # [G, K]
+        explore = tf.logical_and(self.rng.uniform([G, k]) < self.explore, tf.logical_not(greedy))
         actions = tf.TensorArray(tf.int32, size=G)
         for t in tf.range(G):
             c, h = _lstm_gates(inp @ self.dec_wx + h @ self.dec_wh + enc_w[t][None], c)
@@ -182,6 +192,7 @@ class PlacementPolicy(tf.Module):
             logits = self._clip(tf.concat([h, ctx], -1) @ self.out_w + trans)                # [K, D]
             logits += noise_scale * self._noise_std(logits, None) * eps[t] + not_allowed[t]
             a = tf.cast(tf.argmax(logits + gumbel[t], -1), tf.int32)   # Gumbel-max = a categorical sample
+            a = tf.where(explore[t], uniform_a[t], a)
             actions = actions.write(t, a)
             inp = tf.gather(self.device_emb, a)
             trans = tf.gather(self.transition, a)
@@ -195,7 +206,8 @@ class PlacementPolicy(tf.Module):
         return a.numpy(), eps.numpy()
 
     # ---------------------------------------------------------------- scoring (teacher forcing)
-    def _log_probs(self, actions: tf.Tensor, noise: tf.Tensor, noise_scale: tf.Tensor):
+    def _log_probs(self, actions: tf.Tensor, noise: tf.Tensor, noise_scale: tf.Tensor, mixture: bool = True):
+        """mixture=False scores under the softmax alone (imitation fits π itself, not the exploration mix)."""
         k = tf.shape(actions)[0]
         enc, mem, c0, h0 = self._encode()
         # decoder inputs: go, emb(a_0), ..., emb(a_{G-2})  → [G, K, H]
@@ -219,8 +231,14 @@ class PlacementPolicy(tf.Module):
         logits += noise_scale * self._noise_std(logits, [0, 2]) * noise
         logits = tf.where(self.allowed[None], logits, _NEG)
         logsm = tf.nn.log_softmax(logits)
-        logp = tf.reduce_sum(tf.gather(logsm, actions, batch_dims=2), axis=1)                 # [K]
         p = tf.exp(logsm)
+        if mixture and self.explore > 0:     # log-probability under the sampling mixture (1-ε)·π + ε·uniform(allowed)
+            allowed = tf.cast(self.allowed, tf.float32)
+            uniform = allowed / tf.reduce_sum(allowed, -1, keepdims=True)                      # [G, D]
+            mix = tf.math.log((1.0 - self.explore) * p + self.explore * uniform[None] + 1e-30)
+            logp = tf.reduce_sum(tf.gather(mix, actions, batch_dims=2), axis=1)
+        else:
+            logp = tf.reduce_sum(tf.gather(logsm, actions, batch_dims=2), axis=1)             # [K]
         entropy = -tf.reduce_mean(tf.reduce_sum(tf.where(self.allowed[None], p * logsm, 0.0), -1), axis=1)
         return logp, entropy
 

@@ -58,6 +58,13 @@ class ReinforceConfig:
                                      #   warm-starts from the best baseline (below), and 0.5·RMS(logits) ≈ 2.5
                                      #   nats scrambles that start (measured, nmt4 on 4xK80, 150 s: policy best
                                      #   0.548 s with 0.5 vs 0.516 s with 0; expert 0.566 s)
+    explore_groups: float = 1.0      # ε-uniform exploration: each group is placed uniformly at random with
+                                     #   probability ε = explore_groups / G (one group per sample on average),
+                                     #   the log-probabilities being those of the mixture. Not in the papers:
+                                     #   after a warm start the softmax is confident and its samples differ from
+                                     #   the mode in a few groups correlated by the decoder (runs of neighbours);
+                                     #   single-group moves are what a local search needs. 0 = the paper's policy
+    explore_max: float = 0.05        # ...and at most this ε (small graphs: 1/G would be a large share of groups)
     noise_stop_update: int = 50      # noise off after this many updates: controller stop_noise_step=750 samples
                                      #   ≈ 750 / 16 samples per update
     # --- optimisation ---
@@ -85,12 +92,22 @@ class ReinforceConfig:
                                      #   grouped expert is 0.556 s (op-level 0.566 s) and the 240 s search reached
                                      #   0.479 s; with the earlier layer-straddling grouping (grouped expert OOM)
                                      #   imitation was worse than a cold start (0.859 s vs 0.709 s)
-    warm_start_tolerance: float = 0.05  # imitate only if the best grouped baseline is within 5% of the best baseline
-                                     #   (Inception-V3: grouped 0.499 s vs m_etf 0.430 s -> cold start: 0.434 s
-                                     #   cold vs 0.481-0.492 s imitating)
+    warm_start_tolerance: float | None = None  # imitate only if the best grouped baseline is within this fraction
+                                     #   of the best (op-level) baseline; None = whenever it fits in memory. With
+                                     #   plain REINFORCE a start far above the best baseline trapped the policy
+                                     #   (Inception-V3, grouped single GPU 0.499 s vs m_etf 0.430 s: 0.434 s cold
+                                     #   vs 0.48-0.49 s imitating, so the rule was 5%); with the elite steps and
+                                     #   ε-exploration below, the search moves away from the start (Inception-V3
+                                     #   4xK80, 120 s: 0.411 s from the grouped single GPU vs 0.48 s cold)
     imitation_prob: float = 0.99     # ...stopping once the geometric-mean per-group probability reaches this:
                                      #   samples then differ from the baseline in ~1% of groups (a local search
                                      #   around it; 0.97 gave 0.548 s vs 0.516 s at 0.99 in the run above)
+    # --- elite steps (Post, Gao et al. NeurIPS 2018: cross-entropy minimisation on the best samples between
+    #     policy-gradient steps; cf. self-imitation learning, Oh et al. ICML 2018) ---
+    elite_steps: int = 40            # when an update samples a placement better than every earlier sample, fit the
+                                     #   policy to it by maximum likelihood for at most this many Adam steps
+                                     #   (until imitation_prob), so the next samples explore around the new best.
+                                     #   0 = plain REINFORCE. Measured, NMT 4xK80, 120 s: see benchmarks/RESULTS.md
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,6 +157,7 @@ class Reinforce:
                                       temperature=cfg.temperature, tanh_constant=cfg.tanh_constant,
                                       forget_bias=cfg.forget_bias, group_embedding=cfg.group_embedding,
                                       stay_bias=cfg.stay_bias,
+                                      explore=min(cfg.explore_max, cfg.explore_groups / max(1, features.shape[0])),
                                       seed=cfg.seed)
         self.variables = list(self.policy.trainable_variables)
         self.optimizer = keras.optimizers.Adam(cfg.learning_rate, global_clipnorm=cfg.grad_clip)
@@ -177,7 +195,7 @@ class Reinforce:
 
     def _imitate_step(self, actions, noise):
         with tf.GradientTape() as tape:
-            logp, _ = self.policy._log_probs(actions, noise, 0.0)
+            logp, _ = self.policy._log_probs(actions, noise, 0.0, mixture=False)
             loss = -tf.reduce_mean(logp) / float(self.policy.num_groups)
         grads = tape.gradient(loss, self.variables)
         self.optimizer.apply_gradients(zip(grads, self.variables))

@@ -303,9 +303,9 @@ class Search:
                 self._consider(p, o.step_time, f"{n} (grouped)")
         best_op_level = min(t for t in self.baselines.values() if t is not None)
         tol = self.config.warm_start_tolerance
-        if not outcomes[k].ok or outcomes[k].step_time > (1.0 + tol) * best_op_level:
-            # the groups cannot express the best baseline: imitating a worse stand-in only traps the policy
-            # in its basin (Inception-V3: grouped baselines 16-50% above m_etf), so start cold instead
+        if not outcomes[k].ok or (tol is not None and outcomes[k].step_time > (1.0 + tol) * best_op_level):
+            # no grouped baseline fits (or, with a tolerance, the groups cannot express the best baseline
+            # closely enough): start cold
             self.imitated = "-"
             log.info("warm start skipped: best grouped baseline %s is %s, best baseline %.4g s", names[k],
                      f"{outcomes[k].step_time:.4g} s" if outcomes[k].ok else "failing", best_op_level)
@@ -468,6 +468,8 @@ class Search:
                         self.search_best_placement = upd.op_placements[k].copy()
                         self.search_best_groups = upd.group_devices[k].copy()
                         improved = True
+                        if self.config.elite_steps > 0:   # cross-entropy step on the new elite (Post, 2018)
+                            self.agent.imitate(self.search_best_groups, max_steps=self.config.elite_steps)
                     self._consider(upd.op_placements[k], t, "search")
                 self.since_improvement = 0 if improved else self.since_improvement + 1
                 wall = self.wall_s()
