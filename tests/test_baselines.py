@@ -1,11 +1,13 @@
 """Baselines on small hand-built graphs: valid devices, co-location, CPU-only ops, memory, hand-computed m-ETF."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from placer.baselines import BASELINES, run_baseline
-from placer.baselines._common import memory_use, prepare, stand_in_costs
+from placer.baselines._common import memory_use, op_memory, prepare, stand_in_costs
 from placer.baselines._schedule import etf
 from placer.baselines.expert import expert, forward_name
 from placer.baselines.m_sct import favorite_children
@@ -273,7 +275,8 @@ def test_memory_model_counts_saved_activations_and_remote_copies():
                       [("x", "fwd"), ("fwd", "tmp"), ("tmp", "loss"), ("loss", "gradients/fwd_grad/MatMul"),
                        ("fwd", "gradients/fwd_grad/MatMul")])
     c = make_cluster(2)
-    p = prep(g, c)
+    calibrated = prep(g, c)
+    p = dataclasses.replace(calibrated, mem=op_memory(g).mem)   # the model before calibration
     assert p.mem[g.index("fwd")] == 1000 and p.mem[g.index("tmp")] == 0  # kept vs short-lived
     assert p.mem[g.index("x")] == 100  # a source: alive from the start of the step
     assert p.capacity[0] == c.devices[0].capacity_bytes - 5000  # headroom for the largest short-lived tensor
@@ -282,6 +285,35 @@ def test_memory_model_counts_saved_activations_and_remote_copies():
     split[g.index("gradients/fwd_grad/MatMul")] = 1
     assert memory_use(p, together)[:2].tolist() == [1104, 0]  # x + fwd + loss (read by the backward op)
     assert memory_use(p, split)[:2].tolist() == [1104, 1004]  # the gradient's device holds copies
+    # calibration: the one-device estimate (+ headroom) is the simulator's peak for that placement
+    from placer.sim.simulator import Simulator
+
+    peak = Simulator(g, c, calibrated.cost).simulate(together).peak_memory[0]
+    assert memory_use(calibrated, together)[0] + (c.devices[0].capacity_bytes - calibrated.capacity[0]) \
+        == pytest.approx(peak, rel=0.01)
+
+
+def test_memory_model_variable_reads_alias_and_addends_wait():
+    # a variable read allocates nothing on its own device (TF returns the variable's buffer); gradient
+    # addends summed by AddN are kept until the sum
+    g = OpGraph.build([("v", "VarHandleOp", 8, 4000), ("read", "ReadVariableOp", 4000), ("x", "Placeholder", 10),
+                       ("mm", "MatMul", 50, 0, 1e6), ("loss", "Mean", 4),
+                       ("gradients/g1", "MatMul", 4000, 0, 1e6), ("gradients/g2", "MatMul", 4000, 0, 1e6),
+                       ("gradients/AddN", "AddN", 4000)],
+                      [("v", "read"), ("read", "mm"), ("x", "mm"), ("mm", "loss"), ("loss", "gradients/g1"),
+                       ("loss", "gradients/g2"), ("gradients/g1", "gradients/AddN"), ("gradients/g2", "gradients/AddN")])
+    m = op_memory(g).mem
+    assert m[g.index("read")] == 0 and m[g.index("v")] == 4000 + 8
+    assert m[g.index("gradients/g1")] == 4000 and m[g.index("gradients/g2")] == 4000
+    from placer.sim.simulator import Simulator
+
+    c = make_cluster(2)
+    split = np.zeros(g.num_ops, np.int64)
+    split[g.index("mm")] = 1
+    peak = Simulator(g, c, np.full(g.num_ops, 1e-3)).simulate(split).peak_memory
+    assert peak[1] >= 4000          # the read's copy is allocated on the consumer's device
+    together = Simulator(g, c, np.full(g.num_ops, 1e-3)).simulate(np.zeros(g.num_ops, np.int64)).peak_memory
+    assert together[0] < 4000 + 4 * 4000     # variable + the three gradient tensors, no copy for the read
 
 
 def test_expert_on_tiny_nmt_model():

@@ -287,3 +287,14 @@ def _topo_order(n: int, src: np.ndarray, dst: np.ndarray, names: Sequence[str]) 
         stuck = [names[i] for i in range(n) if indeg[i] > 0][:5]
         raise GraphImportError(f"the graph has a cycle through ops {stuck}")
     return np.asarray(out, dtype=np.int64)
+
+
+# ops whose output is the variable's own buffer on the variable's device: TF's ReadVariableOp kernel returns the
+# variable tensor itself (resource_variable_ops.cc, `ctx->set_output(0, *variable->tensor())`; an update while
+# a read is alive copies on write), so a read allocates nothing where it runs; a copy sent elsewhere does
+ALIASING_OP_TYPES = frozenset({"ReadVariableOp"})
+
+
+def aliases_variable(g: "OpGraph") -> np.ndarray:
+    """bool[n]: the op's output aliases a variable's persistent buffer (allocates no memory of its own)."""
+    return np.fromiter((t in ALIASING_OP_TYPES for t in g.types), bool, g.num_ops)

@@ -13,7 +13,9 @@ Semantics (issue 3):
   activations: a tensor is allocated on its producer's device when the producer finishes (on a receiving
   device when the transfer arrives) and freed when its last consumer on that device finishes (the producer
   copy also waits for its outgoing transfers). At one instant the op's outputs are allocated before its
-  inputs are freed. A device is OOM when its peak exceeds memory - reserve.
+  inputs are freed. A variable read (ReadVariableOp) returns the variable's own buffer, as TF's kernel does:
+  it allocates nothing on its device; a copy sent to another device is allocated there. A device is OOM when
+  its peak exceeds memory - reserve.
 - Step time = makespan (the last op's finish).
 - Events at the same instant are all applied (transfer arrivals first, then op finishes by op index) before
   any device picks its next op.
@@ -38,7 +40,7 @@ import numpy as np
 from numba import njit
 
 from placer.errors import PlacementError
-from placer.graphs.opgraph import OpGraph
+from placer.graphs.opgraph import OpGraph, aliases_variable
 from placer.sim.cluster import Cluster
 from placer.sim.evaluator import Evaluator, Outcome
 
@@ -128,7 +130,7 @@ def _top_levels(w, t_start, t_cons_ptr, t_cons, c_ptr, c_succ):
 
 @njit(cache=True, nogil=True)
 def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
-                     t_start, t_op, t_bytes, t_cons_ptr, t_cons, in_ptr, in_tensor, c_ptr, c_succ, indeg,
+                     t_start, t_op, t_bytes, t_alloc, t_cons_ptr, t_cons, in_ptr, in_tensor, c_ptr, c_succ, indeg,
                      persistent,
                      op_start, op_end, x_tensor, x_src, x_dst, x_start, x_end, busy, peak):
     """One simulated step. Fills op_start/op_end (n), transfer records x_* and busy/peak (D).
@@ -201,7 +203,7 @@ def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
                 # outputs: allocate, wake local consumers, send to remote devices (one transfer per device)
                 for t in range(t_start[i], t_start[i + 1]):
                     b = t_bytes[t]
-                    mem[d] += b
+                    mem[d] += t_alloc[t]      # 0 for outputs aliasing a variable's buffer (its reads)
                     if mem[d] > peak[d]:
                         peak[d] = mem[d]
                     for k in range(t_cons_ptr[t], t_cons_ptr[t + 1]):
@@ -234,7 +236,7 @@ def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
                             xbytes += b
                             ref[t * D + d] += 1  # the producer copy lives until the send completes
                     if ref[t * D + d] == 0:
-                        mem[d] -= b
+                        mem[d] -= t_alloc[t]
                 for k in range(c_ptr[i], c_ptr[i + 1]):
                     cns = c_succ[k]
                     pending[cns] -= 1
@@ -246,7 +248,7 @@ def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
                     r = t * D + d
                     ref[r] -= 1
                     if ref[r] == 0:
-                        mem[d] -= t_bytes[t]
+                        mem[d] -= t_alloc[t] if dev[t_op[t]] == d else t_bytes[t]
             else:  # transfer of tensor t arrived on device j
                 xk = -1 - eid
                 t = x_tensor[xk]
@@ -270,7 +272,7 @@ def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
                 r = t * D + p
                 ref[r] -= 1
                 if ref[r] == 0:
-                    mem[p] -= b
+                    mem[p] -= t_alloc[t]
     return makespan, nx, xbytes
 
 
@@ -323,6 +325,7 @@ class _GraphArrays:
     t_start: np.ndarray     # [n+1] tensors of op i are t_start[i]..t_start[i+1]
     t_op: np.ndarray        # [T]
     t_bytes: np.ndarray     # [T]
+    t_alloc: np.ndarray     # [T] bytes allocated on the producer's device (0 when the output aliases a variable)
     t_cons_ptr: np.ndarray  # [T+1]
     t_cons: np.ndarray      # consumers of each tensor
     in_ptr: np.ndarray      # [n+1]
@@ -354,8 +357,9 @@ class _GraphArrays:
         c_ptr = np.searchsorted(cs[o3], np.arange(n + 1)).astype(np.int64)
         c_succ = cd[o3]
         indeg = (np.bincount(ed, minlength=n) + np.bincount(cd, minlength=n)).astype(np.int64)
-        return _GraphArrays(t_start, t_op, np.asarray(g.tensor_bytes, np.int64), t_cons_ptr, t_cons, in_ptr,
-                            in_tensor, c_ptr, c_succ, indeg, np.asarray(g.persistent_bytes, np.int64))
+        t_bytes = np.asarray(g.tensor_bytes, np.int64)
+        return _GraphArrays(t_start, t_op, t_bytes, np.where(aliases_variable(g)[t_op], 0, t_bytes), t_cons_ptr,
+                            t_cons, in_ptr, in_tensor, c_ptr, c_succ, indeg, np.asarray(g.persistent_bytes, np.int64))
 
 
 def _cost_matrix(graph: OpGraph, cluster: Cluster, costs) -> tuple[np.ndarray, str]:
@@ -454,7 +458,7 @@ class Simulator:
         peak = np.zeros(D, np.int64)
         step, nx, xbytes = _simulate_kernel(
             p, self.cost, self.bw, self.lat, self.conc, self.capacity, ORDERS[self.order],
-            a.t_start, a.t_op, a.t_bytes, a.t_cons_ptr, a.t_cons, a.in_ptr, a.in_tensor, a.c_ptr, a.c_succ,
+            a.t_start, a.t_op, a.t_bytes, a.t_alloc, a.t_cons_ptr, a.t_cons, a.in_ptr, a.in_tensor, a.c_ptr, a.c_succ,
             a.indeg, a.persistent,
             op_start, op_end, x_tensor, x_src, x_dst, x_start, x_end, busy, peak)
         oom_mask = peak > self.capacity
