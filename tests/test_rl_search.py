@@ -227,7 +227,7 @@ def test_resume_after_sigkill(tmp_path):
 
 def test_elite_steps_refit_policy_to_new_best():
     # cross-entropy step (Post, 2018): after an update samples a new best, the policy's mode is that placement
-    gr, ev = _setup(G=8, seed=2)
+    gr, ev = _setup(G=8, seed=2, cap=10**6)
     s = Search(gr, ev, cpu_index=CPU, progress=False,
                config=ReinforceConfig(imitation_steps=0, elite_steps=300, imitation_prob=0.95, **SMALL))
     s.run(60, max_updates=1)

@@ -206,12 +206,17 @@ class PlacementPolicy(tf.Module):
         return a.numpy(), eps.numpy()
 
     # ---------------------------------------------------------------- scoring (teacher forcing)
-    def _log_probs(self, actions: tf.Tensor, noise: tf.Tensor, noise_scale: tf.Tensor, mixture: bool = True):
-        """mixture=False scores under the softmax alone (imitation fits π itself, not the exploration mix)."""
+    def _log_probs(self, actions: tf.Tensor, noise: tf.Tensor, noise_scale: tf.Tensor, mixture: bool = True,
+                   history: tf.Tensor | None = None):
+        """mixture=False scores under the softmax alone (imitation fits π itself, not the exploration mix).
+        history: int32[K, G] devices fed to the decoder as the previous groups' choices (default: `actions`,
+        i.e. teacher forcing); imitation feeds perturbed histories so the policy keeps its choice for a group
+        when an earlier group was placed elsewhere."""
+        hist = actions if history is None else history
         k = tf.shape(actions)[0]
         enc, mem, c0, h0 = self._encode()
         # decoder inputs: go, emb(a_0), ..., emb(a_{G-2})  → [G, K, H]
-        prev = tf.gather(self.device_emb, tf.transpose(actions[:, :-1]))
+        prev = tf.gather(self.device_emb, tf.transpose(hist[:, :-1]))
         inp = tf.concat([tf.tile(self.go_emb[None], [1, k, 1]), prev], 0)
         xw = tf.einsum("gkh,hj->gkj", inp, self.dec_wx) + (enc @ self.dec_we + self.dec_b)[:, None, :]
 
@@ -226,7 +231,7 @@ class PlacementPolicy(tf.Module):
         # stay cache-sized (measured faster than one [K, G, G, A] tensor)
         score = tf.map_fn(lambda qk: tf.tensordot(tf.tanh(qk[:, None, :] + mem[None]), self.attn_v, 1), q)
         ctx = tf.nn.softmax(score) @ mem                                                       # [K, G, A]
-        trans = tf.concat([tf.zeros([k, 1, self.num_devices]), tf.gather(self.transition, actions[:, :-1])], 1)
+        trans = tf.concat([tf.zeros([k, 1, self.num_devices]), tf.gather(self.transition, hist[:, :-1])], 1)
         logits = self._clip(tf.concat([hs, ctx], -1) @ self.out_w + trans)                    # [K, G, D]
         logits += noise_scale * self._noise_std(logits, [0, 2]) * noise
         logits = tf.where(self.allowed[None], logits, _NEG)

@@ -104,10 +104,19 @@ class ReinforceConfig:
                                      #   around it; 0.97 gave 0.548 s vs 0.516 s at 0.99 in the run above)
     # --- elite steps (Post, Gao et al. NeurIPS 2018: cross-entropy minimisation on the best samples between
     #     policy-gradient steps; cf. self-imitation learning, Oh et al. ICML 2018) ---
-    elite_steps: int = 40            # when an update samples a placement better than every earlier sample, fit the
-                                     #   policy to it by maximum likelihood for at most this many Adam steps
-                                     #   (until imitation_prob), so the next samples explore around the new best.
-                                     #   0 = plain REINFORCE. Measured, NMT 4xK80, 120 s: see benchmarks/RESULTS.md
+    elite_steps: int = 5             # after every update, fit the policy to the best placement sampled so far by
+                                     #   maximum likelihood, for at most this many Adam steps (until imitation_prob;
+                                     #   one step when it is already there), so samples explore around the best
+                                     #   (widely just after a new best, narrowing as the fit tightens; 40 steps per
+                                     #   update cost more time than they gained).
+                                     #   Only after a new best, REINFORCE steps drifted the policy off it (NMT-4:
+                                     #   samples' best 0.53 s for 1000 updates while the elite was 0.52 s).
+                                     #   0 = plain REINFORCE. Measured: benchmarks/RESULTS.md, "Search" 
+    imitation_rows: int = 8          # imitation batch: the placement itself + 7 copies whose decoder history has
+    imitation_perturb: float = 2.0   #   on average this many groups moved (DAgger-style robustness). Without it a
+                                     #   sample that moved one group derailed the decoder: after a warm start 40%
+                                     #   of samples equalled the best and most others differed in 5-30 groups
+                                     #   (NMT-4), so single-group moves were rarely tried
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -193,29 +202,46 @@ class Reinforce:
         self.optimizer.apply_gradients(zip(grads, self.variables))   # clips to grad_clip (global norm)
         return loss, entropy, grad_norm, logp
 
-    def _imitate_step(self, actions, noise):
+    def _imitate_step(self, actions, history):
         with tf.GradientTape() as tape:
-            logp, _ = self.policy._log_probs(actions, noise, 0.0, mixture=False)
+            noise = tf.zeros([tf.shape(actions)[0], self.policy.num_groups, self.policy.num_devices])
+            logp, _ = self.policy._log_probs(actions, noise, 0.0, mixture=False, history=history)
             loss = -tf.reduce_mean(logp) / float(self.policy.num_groups)
         grads = tape.gradient(loss, self.variables)
         self.optimizer.apply_gradients(zip(grads, self.variables))
-        return loss
+        return -logp[0] / float(self.policy.num_groups)        # row 0: the unperturbed history
+
+    def _histories(self, group_devices: np.ndarray, rows: int) -> np.ndarray:
+        """`rows` copies of a placement as decoder histories: row 0 as is, the others with each group replaced
+        by a uniformly drawn allowed device with probability `imitation_perturb` / G."""
+        G = self.policy.num_groups
+        allowed = np.asarray(self.policy.allowed)
+        h = np.repeat(np.asarray(group_devices, np.int32)[None], rows, 0)
+        if rows > 1 and self.config.imitation_perturb > 0:
+            rng = self._np_rng
+            flip = rng.random((rows - 1, G)) < min(0.5, self.config.imitation_perturb / G)
+            rand = (rng.random((rows - 1, G, allowed.shape[1])) * allowed[None]).argmax(-1).astype(np.int32)
+            h[1:] = np.where(flip, rand, h[1:])
+        return h
 
     def imitate(self, group_devices: np.ndarray, max_steps: int | None = None,
                 target_prob: float | None = None) -> dict[str, float]:
-        """Maximum-likelihood warm start on one group placement: Adam steps on -log π(group_devices) / G until
-        the geometric-mean per-group probability reaches `target_prob` (or `max_steps`)."""
+        """Maximum-likelihood fit to one group placement: Adam steps on -log π(group_devices) / G until
+        the geometric-mean per-group probability reaches `target_prob` (or `max_steps`). The decoder also
+        reads perturbed histories (`imitation_rows` - 1 copies with a few earlier groups moved), so that after
+        one group is sampled elsewhere the policy still places the next groups as in `group_devices`."""
         cfg = self.config
         max_steps = cfg.imitation_steps if max_steps is None else max_steps
         target_prob = cfg.imitation_prob if target_prob is None else target_prob
-        G, D = self.policy.num_groups, self.policy.num_devices
-        a = tf.constant(np.asarray(group_devices, np.int32)[None], tf.int32)
-        noise = tf.zeros([1, G, D])
+        rows = max(1, int(cfg.imitation_rows))
+        a = tf.constant(np.repeat(np.asarray(group_devices, np.int32)[None], rows, 0), tf.int32)
         if not hasattr(self, "_imitate_fn"):
             self._imitate_fn = tf.function(self._imitate_step)
+            self._np_rng = np.random.default_rng(cfg.seed + 1)
         prob, steps = 0.0, 0
         for steps in range(1, max_steps + 1):
-            prob = float(np.exp(-float(self._imitate_fn(a, noise))))
+            h = tf.constant(self._histories(group_devices, rows), tf.int32)
+            prob = float(np.exp(-float(self._imitate_fn(a, h))))
             if prob >= target_prob:
                 break
         return {"imitation_steps": steps, "imitation_prob": prob}

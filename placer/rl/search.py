@@ -468,9 +468,11 @@ class Search:
                         self.search_best_placement = upd.op_placements[k].copy()
                         self.search_best_groups = upd.group_devices[k].copy()
                         improved = True
-                        if self.config.elite_steps > 0:   # cross-entropy step on the new elite (Post, 2018)
-                            self.agent.imitate(self.search_best_groups, max_steps=self.config.elite_steps)
                     self._consider(upd.op_placements[k], t, "search")
+                if self.config.elite_steps > 0 and self.search_best_groups is not None:
+                    # cross-entropy step on the elite (Post, 2018): keeps the policy centred on the best sample
+                    # (a few Adam steps after a new best, one when it is already there)
+                    self.agent.imitate(self.search_best_groups, max_steps=self.config.elite_steps)
                 self.since_improvement = 0 if improved else self.since_improvement + 1
                 wall = self.wall_s()
                 row = self._record(upd, wall)
