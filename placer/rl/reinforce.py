@@ -117,6 +117,9 @@ class ReinforceConfig:
                                      #   sample that moved one group derailed the decoder: after a warm start 40%
                                      #   of samples equalled the best and most others differed in 5-30 groups
                                      #   (NMT-4), so single-group moves were rarely tried
+    imitation_group_rows: int = 640  # ...but at most this many rows × groups per step (at least 2 rows): the 8
+                                     #   rows for G <= 80 (every bench cell), 2 rows at G = 256, where 8 rows made
+                                     #   the elite step cost ~1.4 s per update (benchmarks/RESULTS.md)
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -233,7 +236,7 @@ class Reinforce:
         cfg = self.config
         max_steps = cfg.imitation_steps if max_steps is None else max_steps
         target_prob = cfg.imitation_prob if target_prob is None else target_prob
-        rows = max(1, int(cfg.imitation_rows))
+        rows = max(2, min(int(cfg.imitation_rows), int(cfg.imitation_group_rows) // max(1, self.policy.num_groups)))
         a = tf.constant(np.repeat(np.asarray(group_devices, np.int32)[None], rows, 0), tf.int32)
         if not hasattr(self, "_imitate_fn"):
             self._imitate_fn = tf.function(self._imitate_step)
