@@ -1,7 +1,8 @@
 """The README / RESULTS.md summary of a `placer bench` run: per cell, the policy's own best against the best
 baseline and the expert, as time saved (1 - policy / baseline: "x% faster" means x% less time per step).
 
-    .venv/bin/python benchmarks/summary_table.py [benchmarks/results/results.json]
+    .venv/bin/python benchmarks/summary_table.py [benchmarks/results/results.json]   (best baseline as in
+                                                                                  `placer bench`)
 
 Prints a markdown table and the tallies the issues ask for (cells where the policy's own best beats the best
 baseline; NMT / NMT-4 on 4 GPUs against the expert).
@@ -12,11 +13,12 @@ import json
 import sys
 from pathlib import Path
 
+from placer.baselines.bench import best_baseline
+
 PAPER = {("nmt", 4): "Mirhoseini 2017: ~20% faster than expert",
          ("nmt4", 4): "Hierarchical 2018: 53.7% faster than expert",
          ("inception_v3", 4): "Hierarchical 2018: 16.3% faster than expert"}
 ORDER = ["rnnlm", "nmt", "nmt4", "inception_v3"]
-NOT_BASELINES = ("random", "round_robin")
 
 
 def _saved(policy: float | None, ref: float | None) -> str:
@@ -33,9 +35,7 @@ def table(cells: list[dict]) -> tuple[str, list[str]]:
     wins, notes = 0, []
     cells = sorted(cells, key=lambda c: (ORDER.index(c["model"]) if c["model"] in ORDER else 99, c["gpus"]))
     for c in cells:
-        b = {k: v for k, v in c["baselines"].items() if v is not None and k not in NOT_BASELINES}
-        name = min(b, key=b.get) if b else None
-        best = b.get(name)
+        name, best = best_baseline(c["baselines"])
         pol, exp = c.get("search_best_s"), c["baselines"].get("expert")
         if pol is not None and best is not None and pol < best:
             wins += 1

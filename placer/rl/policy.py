@@ -181,8 +181,8 @@ class PlacementPolicy(tf.Module):
         gumbel = tf.where(greedy, tf.zeros_like(gumbel), gumbel)
         not_allowed = tf.cast(tf.logical_not(self.allowed), tf.float32) * _NEG      # [G, D]
         # ε-uniform exploration: which (group, sample) pairs are drawn uniformly, and that uniform draw
-        uniform_a = tf.cast(tf.argmax(-tf.math.log(-tf.math.log(self.rng.uniform([G, k, D], 1e-20, 1.0)))
-                                      + not_allowed[:, None, :], -1), tf.int32)         # [G, K]
+        uniform_a = tf.cast(tf.argmax(self.rng.uniform([G, k, D], 1e-20, 1.0) + not_allowed[:, None, :], -1),
+                            tf.int32)                                                    # [G, K]
         explore = tf.logical_and(self.rng.uniform([G, k]) < self.explore, tf.logical_not(greedy))
         actions = tf.TensorArray(tf.int32, size=G)
         for t in tf.range(G):

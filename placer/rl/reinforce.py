@@ -181,6 +181,8 @@ class Reinforce:
         self._train = tf.function(self._train_step, input_signature=[
             tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32),
             tf.TensorSpec([], tf.float32), tf.TensorSpec([None], tf.float32)])
+        self._imitate_fn = tf.function(self._imitate_step)
+        self._np_rng = np.random.default_rng(cfg.seed + 1)   # perturbed histories (checkpointed)
 
     @property
     def noise_scale(self) -> float:
@@ -222,9 +224,8 @@ class Reinforce:
         allowed = np.asarray(self.policy.allowed)
         h = np.repeat(np.asarray(group_devices, np.int32)[None], rows, 0)
         if rows > 1 and self.config.imitation_perturb > 0:
-            rng = self._np_rng
-            flip = rng.random((rows - 1, G)) < min(0.5, self.config.imitation_perturb / G)
-            rand = (rng.random((rows - 1, G, allowed.shape[1])) * allowed[None]).argmax(-1).astype(np.int32)
+            flip = self._np_rng.random((rows - 1, G)) < min(0.5, self.config.imitation_perturb / G)
+            rand = (self._np_rng.random((rows - 1, G, allowed.shape[1])) * allowed[None]).argmax(-1).astype(np.int32)
             h[1:] = np.where(flip, rand, h[1:])
         return h
 
@@ -237,11 +238,8 @@ class Reinforce:
         cfg = self.config
         max_steps = cfg.imitation_steps if max_steps is None else max_steps
         target_prob = cfg.imitation_prob if target_prob is None else target_prob
-        rows = max(2, min(int(cfg.imitation_rows), int(cfg.imitation_group_rows) // max(1, self.policy.num_groups)))
+        rows = max(1, min(int(cfg.imitation_rows), max(2, int(cfg.imitation_group_rows) // self.policy.num_groups)))
         a = tf.constant(np.repeat(np.asarray(group_devices, np.int32)[None], rows, 0), tf.int32)
-        if not hasattr(self, "_imitate_fn"):
-            self._imitate_fn = tf.function(self._imitate_step)
-            self._np_rng = np.random.default_rng(cfg.seed + 1)
         prob, steps = 0.0, 0
         for steps in range(1, max_steps + 1):
             h = tf.constant(self._histories(group_devices, rows), tf.int32)
@@ -271,7 +269,8 @@ class Reinforce:
     # ---------------------------------------------------------------- checkpoint state
     def get_state(self) -> dict[str, Any]:
         return {"policy": self.policy.get_state(), "optimizer": [v.numpy() for v in self.optimizer.variables],
-                "baseline": self.baseline, "updates": self.updates, "config": self.config.to_dict()}
+                "baseline": self.baseline, "updates": self.updates, "config": self.config.to_dict(),
+                "imitation_rng": self._np_rng.bit_generator.state}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.policy.set_state(state["policy"])
@@ -282,6 +281,8 @@ class Reinforce:
             v.assign(a)
         self.baseline = state["baseline"]
         self.updates = int(state["updates"])
+        if "imitation_rng" in state:     # checkpoints from before the perturbed-history imitation lack it
+            self._np_rng.bit_generator.state = state["imitation_rng"]
 
 
 @dataclass

@@ -279,7 +279,7 @@ class Search:
     def _warm_start(self) -> None:
         """Imitate a baseline before learning. The policy places groups, so each working baseline is first
         turned into its group-level version (majority device per group, CPU-only groups on the CPU), those
-        are evaluated in one batch, and the best that works (else the least overflowing) is imitated."""
+        are evaluated in one batch, and the best that fits in memory is imitated (none fits: cold start)."""
         from placer.rl.reinforce import charged_step_times, group_majority
 
         D = len(self.devices)
@@ -313,9 +313,8 @@ class Search:
             return
         info = self.agent.imitate(targets[k])
         self.imitated = names[k]
-        log.info("warm start: imitated %s at group level (%s) in %d steps (per-group prob %.3f)", names[k],
-                 f"{outcomes[k].step_time:.4g} s" if outcomes[k].ok else "fails: " + str(outcomes[k].reason),
-                 info["imitation_steps"], info["imitation_prob"])
+        log.info("warm start: imitated %s at group level (%.4g s) in %d steps (per-group prob %.3f)", names[k],
+                 outcomes[k].step_time, info["imitation_steps"], info["imitation_prob"])
         self.save_checkpoint()
 
     def _record(self, upd, wall: float) -> dict[str, float]:
@@ -421,10 +420,11 @@ class Search:
         if not self.baselines_done:
             self._evaluate_baselines()
             self.save_checkpoint()
-        if self.updates == 0 and not self.imitated and self.config.imitation_steps > 0 and self.best_placement is not None \
-                and int(self.allowed.sum(axis=1).max()) > 1:
+        one_choice = int(self.allowed.sum(axis=1).max()) <= 1     # one allowed device per group
+        if self.updates == 0 and not self.imitated and self.config.imitation_steps > 0 \
+                and self.best_placement is not None and not one_choice:
             self._warm_start()
-        if int(self.allowed.sum(axis=1).max()) <= 1:     # nothing to choose: one allowed device per group
+        if one_choice:                                     # nothing to choose
             forced = self.grouping.expand(self.allowed.argmax(axis=1), self.cpu_index)
             if self.best_placement is None:
                 o = self.evaluator.evaluate([forced])[0]
