@@ -60,6 +60,51 @@ def _lstm_gates(z: tf.Tensor, c: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return c, h
 
 
+@tf.custom_gradient
+def _lstm_seq(xw: tf.Tensor, c0: tf.Tensor, h0: tf.Tensor, wh: tf.Tensor):
+    """An LSTM over a whole sequence with a hand-written backward pass: hs float32[T, B, H] for inputs
+    xw [T, B, 4H] (the input projection plus bias, gate order i, f, o, g), initial state c0, h0 [B, H] and
+    recurrent weights wh [H, 4H]. Same values and gradients as a `tf.scan` of `_lstm_gates` (tested), but
+    about twice as fast: autodiff of a scan keeps per-step accumulators and runs the weight-gradient matmul
+    inside the backward loop, where here every term that does not depend on the recurrence (gate derivatives,
+    dL/dwh) is one batched op outside it, leaving ~7 small ops per step."""
+    H = wh.shape[0]
+
+    def step(carry, xw_t):
+        c, h = carry
+        return _lstm_gates(xw_t + h @ wh, c)
+
+    cs, hs = tf.scan(step, xw, initializer=(c0, h0))
+
+    def grad(dhs):
+        c_prev = tf.concat([c0[None], cs[:-1]], 0)
+        h_prev = tf.concat([h0[None], hs[:-1]], 0)
+        z = xw + tf.einsum("tbh,hj->tbj", h_prev, wh)           # the gate pre-activations again, batched
+        s = tf.sigmoid(z[..., :3 * H])
+        i, f, o = s[..., :H], s[..., H:2 * H], s[..., 2 * H:]
+        g = tf.tanh(z[..., 3 * H:])
+        tc = tf.tanh(cs)
+        dc_dh = o * (1.0 - tc * tc)                                # dc_t/dh_t through h_t = o·tanh(c_t)
+        # dz_t = [dc·i', dc·f', dh·o', dc·g'] with the gate derivatives below (all known before the loop)
+        dgate = tf.concat([g * i * (1.0 - i), c_prev * f * (1.0 - f), tc * o * (1.0 - o), i * (1.0 - g * g)], -1)
+        wh_t = tf.transpose(wh)
+
+        def back(carry, inp):
+            dh_next, dc_next, _ = carry
+            dhs_t, dc_dh_t, dgate_t, f_t = inp
+            dh = dhs_t + dh_next
+            dc = dc_next + dh * dc_dh_t
+            dz = tf.concat([dc, dc, dh, dc], -1) * dgate_t
+            return dz @ wh_t, dc * f_t, dz
+
+        zero = tf.zeros_like(h0)
+        dh0, dc0, dz = tf.scan(back, (dhs, dc_dh, dgate, f), initializer=(zero, zero, tf.zeros_like(xw[0])),
+                               reverse=True)
+        return dz, dc0[0], dh0[0], tf.einsum("tbh,tbj->hj", h_prev, dz)
+
+    return hs, grad
+
+
 class PlacementPolicy(tf.Module):
     """Seq2seq placement policy for one grouping (G groups, F features) and one device set (D devices).
 
@@ -67,12 +112,13 @@ class PlacementPolicy(tf.Module):
     one True). hidden_size: LSTM width (the encoder's two directions get hidden_size/2 each, as in the
     controller); attn_size: width of the additive attention. The policy's randomness comes from its own
     `tf.random.Generator` (`self.rng`), whose state is a variable and is checkpointed with the weights.
+    jit: XLA-compile the sampling loop (`_decode`); False runs it as a plain `tf.function`.
     """
 
     def __init__(self, features: np.ndarray, allowed: np.ndarray, *, hidden_size: int = 256,
                  attn_size: int = 64, temperature: float = 1.0, tanh_constant: float = 5.0,
                  forget_bias: float = 1.0, group_embedding: int = 0, stay_bias: float = 0.0, seed: int = 0,
-                 explore: float = 0.0, name: str = "placement_policy"):
+                 explore: float = 0.0, jit: bool = True, name: str = "placement_policy"):
         super().__init__(name=name)
         features = np.asarray(features, np.float32)
         allowed = np.asarray(allowed, bool)
@@ -129,6 +175,7 @@ class PlacementPolicy(tf.Module):
 
         spec_k = tf.TensorSpec([], tf.int32)
         spec_f = tf.TensorSpec([], tf.float32)
+        self._decode_fn = tf.function(self._decode, jit_compile=jit, reduce_retracing=True)
         self._sample_fn = tf.function(self._sample, input_signature=[spec_k, spec_f, tf.TensorSpec([], tf.bool)])
         self._log_probs_fn = tf.function(self._log_probs, input_signature=[
             tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32), spec_f])
@@ -170,11 +217,6 @@ class PlacementPolicy(tf.Module):
     def _sample(self, k: tf.Tensor, noise_scale: tf.Tensor, greedy: tf.Tensor):
         G, D = self.num_groups, self.num_devices
         enc, mem, c0, h0 = self._encode()
-        enc_w = enc @ self.dec_we + self.dec_b                                        # [G, 4H], same for all k
-        c = tf.tile(c0, [k, 1])
-        h = tf.tile(h0, [k, 1])
-        inp = tf.tile(self.go_emb, [k, 1])
-        trans = tf.zeros([k, D])
         # all randomness drawn up front (fewer ops per loop step): logit noise and Gumbel noise
         eps = self.rng.normal([G, k, D])
         gumbel = -tf.math.log(-tf.math.log(self.rng.uniform([G, k, D], 1e-20, 1.0)))
@@ -184,19 +226,42 @@ class PlacementPolicy(tf.Module):
         uniform_a = tf.cast(tf.argmax(self.rng.uniform([G, k, D], 1e-20, 1.0) + not_allowed[:, None, :], -1),
                             tf.int32)                                                    # [G, K]
         explore = tf.logical_and(self.rng.uniform([G, k]) < self.explore, tf.logical_not(greedy))
+        actions = self._decode_fn(enc, mem, c0, h0, eps, gumbel, uniform_a, explore, noise_scale)
+        return tf.transpose(actions), tf.transpose(eps, [1, 0, 2])
+
+    def _decode(self, enc, mem, c0, h0, eps, gumbel, uniform_a, explore, noise_scale):
+        """The autoregressive decoder loop (deterministic given the pre-drawn noise): int32[G, K] devices.
+        XLA-compiled by default (`jit`): one fused program instead of ~25 small ops per group, 3x faster at
+        G = 256. The attention score is a multiply-and-sum, not a dot with attn_v: XLA fuses such a dot with
+        its tanh into a scalar loop (measured 0.16 s against 0.06 s for the whole loop)."""
+        G, D, H, A = self.num_groups, self.num_devices, self.hidden_size, self.attn_size
+        k = tf.shape(gumbel)[1]
+        enc_w = enc @ self.dec_we + self.dec_b                                        # [G, 4H], same for all k
+        # the previous group's device → its decoder-input term and its transition row, one table (row D = "go")
+        table = tf.concat([tf.concat([self.device_emb, self.go_emb], 0) @ self.dec_wx,
+                           tf.concat([self.transition, tf.zeros([1, D])], 0)], -1)    # [D+1, 4H + D]
+        w_h = tf.concat([self.dec_wh, self.attn_w2, self.out_w[:H]], -1)              # h → [recurrent, query, logits]
+        out_ctx = self.out_w[H:]
+        not_allowed = tf.cast(tf.logical_not(self.allowed), tf.float32) * _NEG
+        c = tf.tile(c0, [k, 1])
+        h = tf.tile(h0, [k, 1])
+        rec = h @ self.dec_wh
+        prev = tf.fill([k], D)
         actions = tf.TensorArray(tf.int32, size=G)
         for t in tf.range(G):
-            c, h = _lstm_gates(inp @ self.dec_wx + h @ self.dec_wh + enc_w[t][None], c)
-            score = tf.tensordot(tf.tanh((h @ self.attn_w2)[:, None, :] + mem[None]), self.attn_v, 1)  # [K, G]
+            row = tf.gather(table, prev)
+            c, h = _lstm_gates(row[:, :4 * H] + rec + enc_w[t][None], c)
+            hw = h @ w_h
+            rec, q, logit_h = hw[:, :4 * H], hw[:, 4 * H:4 * H + A], hw[:, 4 * H + A:]
+            score = tf.reduce_sum(tf.tanh(q[:, None, :] + mem[None]) * self.attn_v, -1)           # [K, G]
             ctx = tf.nn.softmax(score) @ mem                                                  # [K, A]
-            logits = self._clip(tf.concat([h, ctx], -1) @ self.out_w + trans)                # [K, D]
+            logits = self._clip(logit_h + ctx @ out_ctx + row[:, 4 * H:])                    # [K, D]
             logits += noise_scale * self._noise_std(logits, None) * eps[t] + not_allowed[t]
             a = tf.cast(tf.argmax(logits + gumbel[t], -1), tf.int32)   # Gumbel-max = a categorical sample
             a = tf.where(explore[t], uniform_a[t], a)
             actions = actions.write(t, a)
-            inp = tf.gather(self.device_emb, a)
-            trans = tf.gather(self.transition, a)
-        return tf.transpose(actions.stack()), tf.transpose(eps, [1, 0, 2])
+            prev = a
+        return actions.stack()
 
     def sample(self, k: int, noise_scale: float = 0.0, greedy: bool = False):
         """Draw k placements: int32[k, G] device per group, and the standard-normal logit noise
@@ -215,16 +280,11 @@ class PlacementPolicy(tf.Module):
         hist = actions if history is None else history
         k = tf.shape(actions)[0]
         enc, mem, c0, h0 = self._encode()
-        # decoder inputs: go, emb(a_0), ..., emb(a_{G-2})  → [G, K, H]
-        prev = tf.gather(self.device_emb, tf.transpose(hist[:, :-1]))
-        inp = tf.concat([tf.tile(self.go_emb[None], [1, k, 1]), prev], 0)
-        xw = tf.einsum("gkh,hj->gkj", inp, self.dec_wx) + (enc @ self.dec_we + self.dec_b)[:, None, :]
-
-        def step(carry, xw_t):
-            c, h = carry
-            return _lstm_gates(xw_t + h @ self.dec_wh, c)
-
-        _, hs = tf.scan(step, xw, initializer=(tf.tile(c0, [k, 1]), tf.tile(h0, [k, 1])))
+        # decoder inputs go, emb(a_0), ..., emb(a_{G-2}) times dec_wx: rows of a [D+1, 4H] table (row D = go)
+        table = tf.concat([self.device_emb, self.go_emb], 0) @ self.dec_wx
+        prev = tf.concat([tf.fill([1, k], self.num_devices), tf.transpose(hist[:, :-1])], 0)      # [G, K]
+        xw = tf.gather(table, prev) + (enc @ self.dec_we + self.dec_b)[:, None, :]               # [G, K, 4H]
+        hs = _lstm_seq(xw, tf.tile(c0, [k, 1]), tf.tile(h0, [k, 1]), tf.convert_to_tensor(self.dec_wh))
         hs = tf.transpose(hs, [1, 0, 2])                                                       # [K, G, H]
         q = hs @ self.attn_w2                                                                  # [K, G, A]
         # additive attention for every (sample, step, group): per sample, so the [G, G, A] temporaries
