@@ -239,3 +239,35 @@ def test_elite_steps_refit_policy_to_new_best():
     s_off.run(60, max_updates=1)
     greedy_off, _ = s_off.agent.sample(1, greedy=True)
     assert not np.array_equal(greedy_off[0], s_off.search_best_groups)   # one plain REINFORCE step does not
+
+
+class FlatEvaluator(ToyEvaluator):
+    """Every placement takes 1 s: no sample is ever better than the first."""
+
+    def evaluate(self, placements):
+        return [Outcome(step_time=1.0, peak_memory=np.zeros(len(DEVICES))) for _ in placements]
+
+
+def test_restarts_refit_the_start_when_the_run_stalls(tmp_path):
+    # after restart_updates updates without a better sample the policy is re-fitted to the warm-start placement
+    # and the run's elite starts afresh; the search's best, and the count, survive a resume
+    gr, ev = _setup(G=8, seed=3)
+    start = gr.expand(np.full(gr.num_groups, 1), CPU)
+    cfg = ReinforceConfig(imitation_steps=300, imitation_prob=0.9, restart_updates=3, **SMALL)
+    s = Search(gr, FlatEvaluator(ev.target_ops), cpu_index=CPU, baselines={"single_gpu": start}, progress=False,
+               config=cfg, out_dir=tmp_path)
+    res = s.run(120, max_updates=8)
+    # update 1 sets the run's elite; 2-4 find nothing better → restart; 5 sets it again; 6-8 → restart
+    assert s.restarts == 2 and [r["restarts"] for r in res.history] == [0, 0, 0, 1, 1, 1, 1, 2]
+    assert s.elite_groups is None and s.search_best == 1.0
+    greedy, _ = s.agent.sample(1, greedy=True)
+    np.testing.assert_array_equal(greedy[0][1:], s.start_groups[1:])     # group 0 is CPU-only
+    r = Search(gr, FlatEvaluator(ev.target_ops), cpu_index=CPU, baselines={"single_gpu": start}, progress=False,
+               config=cfg, out_dir=tmp_path)
+    assert r.load_checkpoint() and r.restarts == 2
+    np.testing.assert_array_equal(r.start_groups, s.start_groups)
+    cfg0 = ReinforceConfig(imitation_steps=300, imitation_prob=0.9, restart_updates=0, **SMALL)
+    off = Search(gr, FlatEvaluator(ev.target_ops), cpu_index=CPU, baselines={"single_gpu": start}, progress=False,
+                 config=cfg0)
+    off.run(120, max_updates=8)
+    assert off.restarts == 0

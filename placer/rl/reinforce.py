@@ -113,6 +113,15 @@ class ReinforceConfig:
                                      #   Only after a new best, REINFORCE steps drifted the policy off it (NMT-4:
                                      #   samples' best 0.53 s for 1000 updates while the elite was 0.52 s).
                                      #   0 = plain REINFORCE. Measured: benchmarks/RESULTS.md, "Search" 
+    restart_updates: int = 100       # random restarts of the local search: after this many updates without a new
+                                     #   best of the current run, re-fit the policy to the warm-start placement
+                                     #   and search from there again (the elite is then the best of the new run;
+                                     #   the returned best is kept). With the elite steps the search is a
+                                     #   stochastic local search that settles in ~150 updates, in an optimum that
+                                     #   depends on its path (NMT-4 4xK80, same seed, two TF builds: 0.441 s vs
+                                     #   0.495 s, stuck from update 150 to 1,316); doubling ε up to 8 groups per
+                                     #   sample while stuck found nothing better (measured). 0 = never; no
+                                     #   restarts after a cold start
     imitation_rows: int = 8          # imitation batch: the placement itself + 7 copies whose decoder history has
     imitation_perturb: float = 2.0   #   on average this many groups moved (DAgger-style robustness). Without it a
                                      #   sample that moved one group derailed the decoder: after a warm start 40%

@@ -160,6 +160,11 @@ class Search:
         self.failure_step_time: float | None = None
         self.baselines_done = False
         self.imitated = ""             # the baseline the policy was warm-started on ("" = not yet, "-" = skipped)
+        self.start_groups: np.ndarray | None = None   # group→device the policy was warm-started on
+        self.elite_groups: np.ndarray | None = None   # best sample of the current run (since the last restart)
+        self.elite_time = float("inf")
+        self.since_elite = 0           # updates since the current run's best improved
+        self.restarts = 0
         self._oom_seen: list = []      # (max used/capacity ratio, device index, used, capacity) of OOM outcomes
         self._t_start = time.perf_counter()
         self._writer = None
@@ -196,7 +201,9 @@ class Search:
             "search_best_groups": self.search_best_groups, "history": self.history,
             "evaluations": self.evaluations, "updates": self.updates, "wall_s": self.wall_s(),
             "since_improvement": self.since_improvement, "failure_step_time": self.failure_step_time,
-            "imitated": self.imitated, "allowed": self.allowed, "config": self.config.to_dict(), "oom_seen": self._oom_seen[-64:],
+            "imitated": self.imitated, "start_groups": self.start_groups, "elite_groups": self.elite_groups,
+            "elite_time": self.elite_time, "since_elite": self.since_elite, "restarts": self.restarts,
+            "allowed": self.allowed, "config": self.config.to_dict(), "oom_seen": self._oom_seen[-64:],
         }
         _atomic_write_bytes(path, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -230,6 +237,12 @@ class Search:
             setattr(self, k, state[k])
         self._oom_seen = list(state.get("oom_seen", []))
         self.imitated = state.get("imitated", "")
+        # checkpoints from before restarts: the run's elite is the search's best
+        self.start_groups = state.get("start_groups")
+        self.elite_groups = state.get("elite_groups", self.search_best_groups)
+        self.elite_time = float(state.get("elite_time", self.search_best))
+        self.since_elite = int(state.get("since_elite", self.since_improvement))
+        self.restarts = int(state.get("restarts", 0))
         self.wall_before = float(state["wall_s"])
         self._t_start = time.perf_counter()
         return True
@@ -313,9 +326,18 @@ class Search:
             return
         info = self.agent.imitate(targets[k])
         self.imitated = names[k]
+        self.start_groups = targets[k].copy()
         log.info("warm start: imitated %s at group level (%.4g s) in %d steps (per-group prob %.3f)", names[k],
                  outcomes[k].step_time, info["imitation_steps"], info["imitation_prob"])
         self.save_checkpoint()
+
+    def _restart(self) -> None:
+        """Start the local search again from the warm-start placement (the best found so far is kept)."""
+        info = self.agent.imitate(self.start_groups)
+        self.elite_groups, self.elite_time, self.since_elite = None, float("inf"), 0
+        self.restarts += 1
+        log.info("restart %d after %d updates without a better sample: re-fitted the start in %d steps",
+                 self.restarts, self.config.restart_updates, info["imitation_steps"])
 
     def _record(self, upd, wall: float) -> dict[str, float]:
         ok = ~upd.failed & np.isfinite(upd.step_times)
@@ -326,7 +348,7 @@ class Search:
                "failed": float((~ok).mean()), "entropy": upd.stats["entropy"],
                "reward_mean": upd.stats["reward_mean"], "baseline": upd.stats["baseline"],
                "sample_s": upd.stats["sample_s"], "evaluate_s": upd.stats["evaluate_s"],
-               "learn_s": upd.stats["learn_s"]}
+               "learn_s": upd.stats["learn_s"], "restarts": self.restarts}
         self.history.append(row)
         return row
 
@@ -458,7 +480,7 @@ class Search:
                 self.updates += 1
                 self.evaluations += len(upd.op_placements)
                 self._note_oom(upd.outcomes)
-                improved = False
+                improved = improved_run = False
                 ok = ~upd.failed & np.isfinite(upd.step_times)
                 if ok.any():
                     k = int(np.argmin(np.where(ok, upd.step_times, np.inf)))
@@ -468,12 +490,19 @@ class Search:
                         self.search_best_placement = upd.op_placements[k].copy()
                         self.search_best_groups = upd.group_devices[k].copy()
                         improved = True
+                    if t < self.elite_time:
+                        self.elite_time, self.elite_groups = t, upd.group_devices[k].copy()
+                        improved_run = True
                     self._consider(upd.op_placements[k], t, "search")
-                if self.config.elite_steps > 0 and self.search_best_groups is not None:
-                    # cross-entropy step on the elite (Post, 2018): keeps the policy centred on the best sample
-                    # (a few Adam steps after a new best, one when it is already there)
-                    self.agent.imitate(self.search_best_groups, max_steps=self.config.elite_steps)
+                if self.config.elite_steps > 0 and self.elite_groups is not None:
+                    # cross-entropy step on the elite (Post, 2018): keeps the policy centred on the run's best
+                    # sample (a few Adam steps after a new best, one when it is already there)
+                    self.agent.imitate(self.elite_groups, max_steps=self.config.elite_steps)
                 self.since_improvement = 0 if improved else self.since_improvement + 1
+                self.since_elite = 0 if improved_run else self.since_elite + 1
+                if self.config.restart_updates > 0 and self.start_groups is not None \
+                        and self.since_elite >= self.config.restart_updates:
+                    self._restart()
                 wall = self.wall_s()
                 row = self._record(upd, wall)
                 self._tb(row)
