@@ -118,10 +118,11 @@ class ReinforceConfig:
                                      #   and search from there again (the elite is then the best of the new run;
                                      #   the returned best is kept). With the elite steps the search is a
                                      #   stochastic local search that settles in ~150 updates, in an optimum that
-                                     #   depends on its path (NMT-4 4xK80, same seed, two TF builds: 0.441 s vs
-                                     #   0.495 s, stuck from update 150 to 1,316); doubling ε up to 8 groups per
-                                     #   sample while stuck found nothing better (measured). 0 = never; no
-                                     #   restarts after a cold start
+                                     #   depends on its path (NMT-4 4xK80, seed 0, 300 s: 0.441 s, then 0.495 s
+                                     #   once a faster update changed float rounding, stuck from update 150 to
+                                     #   1,316; with restarts 0.413 s); doubling ε up to 8 groups per sample
+                                     #   while stuck found nothing better (benchmarks/RESULTS.md, Update 4).
+                                     #   0 = never; no restarts after a cold start
     imitation_rows: int = 8          # imitation batch: the placement itself + 7 copies whose decoder history has
     imitation_perturb: float = 2.0   #   on average this many groups moved (DAgger-style robustness). Without it a
                                      #   sample that moved one group derailed the decoder: after a warm start 40%
