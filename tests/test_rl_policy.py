@@ -149,3 +149,31 @@ def test_reinforce_learns_toy_placement():
     # and the policy itself moved toward the optimum (not just a lucky draw)
     actions, _ = agent.sample(64)
     assert toy_step_times(actions, target).mean() < first_mean
+
+
+def test_policy_variables_and_ops_are_pinned_to_the_cpu():
+    # on a GPU machine the policy must not run on (and take the memory of) the GPUs that measurements use
+    from placer.rl.policy import POLICY_DEVICE
+
+    G, D = 6, 3
+    agent = Reinforce(np.random.default_rng(9).random((G, 4), dtype=np.float32), np.ones((G, D), bool),
+                      ReinforceConfig(hidden_size=16, attn_size=8))
+    x, n = agent.sample()
+    agent.learn(x, n, -np.ones(len(x)))
+    agent.imitate(x[0], max_steps=1)
+    assert POLICY_DEVICE == "/CPU:0"
+    for v in list(agent.policy.variables) + [getattr(v, "value", v) for v in agent.optimizer.variables]:
+        assert "CPU" in v.device, (v.name, v.device)
+    fns = [agent.policy._sample_fn, agent.policy._decode_fn, agent._train, agent._imitate_fn]
+    graphs = [c.graph for f in fns for c in f._list_all_concrete_functions()]
+    assert graphs
+    seen = 0
+    for g in graphs:
+        for op in g.get_operations():
+            if op.type in ("Placeholder", "NoOp") or op.type.startswith("_") \
+                    or any(t.dtype == tf.resource for t in op.inputs) \
+                    or (op.type == "Identity" and not op.device):
+                continue   # placed with their variable, or (outputs) on the caller's device: the CPU
+            assert "CPU" in op.device.upper(), (g.name, op.name, op.type, op.device)
+            seen += 1
+    assert seen > 50

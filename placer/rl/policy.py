@@ -37,6 +37,10 @@ import numpy as np
 import tensorflow as tf
 
 _NEG = -1e9  # logit given to masked devices (exp underflows to exactly 0 in float32)
+# The policy's variables and ops live on the host CPU: its ops are small and latency-bound, and on a GPU machine
+# TensorFlow would otherwise put them on /GPU:0, whose allocator then takes most of that GPU's memory away
+# from the placed graphs being measured there.
+POLICY_DEVICE = "/CPU:0"
 
 
 def _glorot(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -140,38 +144,39 @@ class PlacementPolicy(tf.Module):
         F = self.num_features + group_embedding
         rng = np.random.default_rng(seed)
 
-        self.features = tf.constant(features)
-        self.allowed = tf.constant(allowed)
-        with self.name_scope:
-            v = lambda a, n: tf.Variable(a, name=n)  # noqa: E731
-            # optional learned per-group embedding appended to the features (a position embedding)
-            self.group_emb = v(0.1 * rng.standard_normal((G, group_embedding)).astype(np.float32), "group_embedding") \
-                if group_embedding else None
-            # encoder (bidirectional LSTM, hidden/2 per direction): input and recurrent weights
-            self.enc_fw_wx = v(_glorot(rng, (F, 4 * h2)), "enc_fw_wx")
-            self.enc_fw_wh = v(_glorot(rng, (h2, 4 * h2)), "enc_fw_wh")
-            self.enc_fw_b = v(_lstm_bias(h2, forget_bias), "enc_fw_b")
-            self.enc_bw_wx = v(_glorot(rng, (F, 4 * h2)), "enc_bw_wx")
-            self.enc_bw_wh = v(_glorot(rng, (h2, 4 * h2)), "enc_bw_wh")
-            self.enc_bw_b = v(_lstm_bias(h2, forget_bias), "enc_bw_b")
-            # decoder LSTM reading the previous group's device embedding
-            self.device_emb = v(_glorot(rng, (D, H)), "device_embeddings")
-            self.go_emb = v(_glorot(rng, (1, H)), "device_go_embedding")
-            self.dec_wx = v(_glorot(rng, (H, 4 * H)), "dec_wx")
-            self.dec_we = v(_glorot(rng, (H, 4 * H)), "dec_we")   # aligned encoder state of group t
-            self.dec_wh = v(_glorot(rng, (H, 4 * H)), "dec_wh")
-            self.dec_b = v(_lstm_bias(H, forget_bias), "dec_b")
-            # additive attention: score(h, m_j) = v · tanh(W1 m_j + W2 h)
-            self.attn_w1 = v(_glorot(rng, (H, A)), "attn_w1")
-            self.attn_w2 = v(_glorot(rng, (H, A)), "attn_w2")
-            self.attn_v = v(_glorot(rng, (A, 1))[:, 0], "attn_v")
-            # device softmax over [h_t; context_t]
-            self.out_w = v(_glorot(rng, (H + A, D)), "device_softmax")
-            # device→device term added to the next group's raw logits (a learned "bigram"), initialised to
-            # stay_bias·I: consecutive groups start out likely to share a device (contiguous runs, as good
-            # placements of layered models are), instead of uniformly scattered
-            self.transition = v(np.eye(D, dtype=np.float32) * stay_bias, "transition")
-        self.rng = tf.random.Generator.from_seed(seed)
+        with tf.device(POLICY_DEVICE):
+            self.features = tf.constant(features)
+            self.allowed = tf.constant(allowed)
+            with self.name_scope:
+                v = lambda a, n: tf.Variable(a, name=n)  # noqa: E731
+                # optional learned per-group embedding appended to the features (a position embedding)
+                self.group_emb = v(0.1 * rng.standard_normal((G, group_embedding)).astype(np.float32),
+                                   "group_embedding") if group_embedding else None
+                # encoder (bidirectional LSTM, hidden/2 per direction): input and recurrent weights
+                self.enc_fw_wx = v(_glorot(rng, (F, 4 * h2)), "enc_fw_wx")
+                self.enc_fw_wh = v(_glorot(rng, (h2, 4 * h2)), "enc_fw_wh")
+                self.enc_fw_b = v(_lstm_bias(h2, forget_bias), "enc_fw_b")
+                self.enc_bw_wx = v(_glorot(rng, (F, 4 * h2)), "enc_bw_wx")
+                self.enc_bw_wh = v(_glorot(rng, (h2, 4 * h2)), "enc_bw_wh")
+                self.enc_bw_b = v(_lstm_bias(h2, forget_bias), "enc_bw_b")
+                # decoder LSTM reading the previous group's device embedding
+                self.device_emb = v(_glorot(rng, (D, H)), "device_embeddings")
+                self.go_emb = v(_glorot(rng, (1, H)), "device_go_embedding")
+                self.dec_wx = v(_glorot(rng, (H, 4 * H)), "dec_wx")
+                self.dec_we = v(_glorot(rng, (H, 4 * H)), "dec_we")   # aligned encoder state of group t
+                self.dec_wh = v(_glorot(rng, (H, 4 * H)), "dec_wh")
+                self.dec_b = v(_lstm_bias(H, forget_bias), "dec_b")
+                # additive attention: score(h, m_j) = v · tanh(W1 m_j + W2 h)
+                self.attn_w1 = v(_glorot(rng, (H, A)), "attn_w1")
+                self.attn_w2 = v(_glorot(rng, (H, A)), "attn_w2")
+                self.attn_v = v(_glorot(rng, (A, 1))[:, 0], "attn_v")
+                # device softmax over [h_t; context_t]
+                self.out_w = v(_glorot(rng, (H + A, D)), "device_softmax")
+                # device→device term added to the next group's raw logits (a learned "bigram"), initialised to
+                # stay_bias·I: consecutive groups start out likely to share a device (contiguous runs, as good
+                # placements of layered models are), instead of uniformly scattered
+                self.transition = v(np.eye(D, dtype=np.float32) * stay_bias, "transition")
+            self.rng = tf.random.Generator.from_seed(seed)
 
         spec_k = tf.TensorSpec([], tf.int32)
         spec_f = tf.TensorSpec([], tf.float32)
@@ -215,60 +220,63 @@ class PlacementPolicy(tf.Module):
 
     # ---------------------------------------------------------------- sampling
     def _sample(self, k: tf.Tensor, noise_scale: tf.Tensor, greedy: tf.Tensor):
-        G, D = self.num_groups, self.num_devices
-        enc, mem, c0, h0 = self._encode()
-        # all randomness drawn up front (fewer ops per loop step): logit noise and Gumbel noise
-        eps = self.rng.normal([G, k, D])
-        gumbel = -tf.math.log(-tf.math.log(self.rng.uniform([G, k, D], 1e-20, 1.0)))
-        gumbel = tf.where(greedy, tf.zeros_like(gumbel), gumbel)
-        not_allowed = tf.cast(tf.logical_not(self.allowed), tf.float32) * _NEG      # [G, D]
-        # ε-uniform exploration: which (group, sample) pairs are drawn uniformly, and that uniform draw
-        uniform_a = tf.cast(tf.argmax(self.rng.uniform([G, k, D], 1e-20, 1.0) + not_allowed[:, None, :], -1),
-                            tf.int32)                                                    # [G, K]
-        explore = tf.logical_and(self.rng.uniform([G, k]) < self.explore, tf.logical_not(greedy))
-        actions = self._decode_fn(enc, mem, c0, h0, eps, gumbel, uniform_a, explore, noise_scale)
-        return tf.transpose(actions), tf.transpose(eps, [1, 0, 2])
+        with tf.device(POLICY_DEVICE):
+            G, D = self.num_groups, self.num_devices
+            enc, mem, c0, h0 = self._encode()
+            # all randomness drawn up front (fewer ops per loop step): logit noise and Gumbel noise
+            eps = self.rng.normal([G, k, D])
+            gumbel = -tf.math.log(-tf.math.log(self.rng.uniform([G, k, D], 1e-20, 1.0)))
+            gumbel = tf.where(greedy, tf.zeros_like(gumbel), gumbel)
+            not_allowed = tf.cast(tf.logical_not(self.allowed), tf.float32) * _NEG      # [G, D]
+            # ε-uniform exploration: which (group, sample) pairs are drawn uniformly, and that uniform draw
+            uniform_a = tf.cast(tf.argmax(self.rng.uniform([G, k, D], 1e-20, 1.0) + not_allowed[:, None, :], -1),
+                                tf.int32)                                                    # [G, K]
+            explore = tf.logical_and(self.rng.uniform([G, k]) < self.explore, tf.logical_not(greedy))
+            actions = self._decode_fn(enc, mem, c0, h0, eps, gumbel, uniform_a, explore, noise_scale)
+            return tf.transpose(actions), tf.transpose(eps, [1, 0, 2])
 
     def _decode(self, enc, mem, c0, h0, eps, gumbel, uniform_a, explore, noise_scale):
         """The autoregressive decoder loop (deterministic given the pre-drawn noise): int32[G, K] devices.
         XLA-compiled by default (`jit`): one fused program instead of ~25 small ops per group, 3x faster at
         G = 256. The attention score is a multiply-and-sum, not a dot with attn_v: XLA fuses such a dot with
         its tanh into a scalar loop (measured 0.16 s against 0.06 s for the whole loop)."""
-        G, D, H, A = self.num_groups, self.num_devices, self.hidden_size, self.attn_size
-        k = tf.shape(gumbel)[1]
-        enc_w = enc @ self.dec_we + self.dec_b                                        # [G, 4H], same for all k
-        # the previous group's device → its decoder-input term and its transition row, one table (row D = "go")
-        table = tf.concat([tf.concat([self.device_emb, self.go_emb], 0) @ self.dec_wx,
-                           tf.concat([self.transition, tf.zeros([1, D])], 0)], -1)    # [D+1, 4H + D]
-        w_h = tf.concat([self.dec_wh, self.attn_w2, self.out_w[:H]], -1)              # h → [recurrent, query, logits]
-        out_ctx = self.out_w[H:]
-        not_allowed = tf.cast(tf.logical_not(self.allowed), tf.float32) * _NEG
-        c = tf.tile(c0, [k, 1])
-        h = tf.tile(h0, [k, 1])
-        rec = h @ self.dec_wh
-        prev = tf.fill([k], D)
-        actions = tf.TensorArray(tf.int32, size=G)
-        for t in tf.range(G):
-            row = tf.gather(table, prev)
-            c, h = _lstm_gates(row[:, :4 * H] + rec + enc_w[t][None], c)
-            hw = h @ w_h
-            rec, q, logit_h = hw[:, :4 * H], hw[:, 4 * H:4 * H + A], hw[:, 4 * H + A:]
-            score = tf.reduce_sum(tf.tanh(q[:, None, :] + mem[None]) * self.attn_v, -1)           # [K, G]
-            ctx = tf.nn.softmax(score) @ mem                                                  # [K, A]
-            logits = self._clip(logit_h + ctx @ out_ctx + row[:, 4 * H:])                    # [K, D]
-            logits += noise_scale * self._noise_std(logits, None) * eps[t] + not_allowed[t]
-            a = tf.cast(tf.argmax(logits + gumbel[t], -1), tf.int32)   # Gumbel-max = a categorical sample
-            a = tf.where(explore[t], uniform_a[t], a)
-            actions = actions.write(t, a)
-            prev = a
-        return actions.stack()
+        with tf.device(POLICY_DEVICE):
+            G, D, H, A = self.num_groups, self.num_devices, self.hidden_size, self.attn_size
+            k = tf.shape(gumbel)[1]
+            enc_w = enc @ self.dec_we + self.dec_b                                        # [G, 4H], same for all k
+            # the previous group's device → its decoder-input term and its transition row, one table (row D = "go")
+            table = tf.concat([tf.concat([self.device_emb, self.go_emb], 0) @ self.dec_wx,
+                               tf.concat([self.transition, tf.zeros([1, D])], 0)], -1)    # [D+1, 4H + D]
+            w_h = tf.concat([self.dec_wh, self.attn_w2, self.out_w[:H]], -1)    # h → [recurrent, query, logits]
+            out_ctx = self.out_w[H:]
+            not_allowed = tf.cast(tf.logical_not(self.allowed), tf.float32) * _NEG
+            c = tf.tile(c0, [k, 1])
+            h = tf.tile(h0, [k, 1])
+            rec = h @ self.dec_wh
+            prev = tf.fill([k], D)
+            actions = tf.TensorArray(tf.int32, size=G)
+            for t in tf.range(G):
+                row = tf.gather(table, prev)
+                c, h = _lstm_gates(row[:, :4 * H] + rec + enc_w[t][None], c)
+                hw = h @ w_h
+                rec, q, logit_h = hw[:, :4 * H], hw[:, 4 * H:4 * H + A], hw[:, 4 * H + A:]
+                score = tf.reduce_sum(tf.tanh(q[:, None, :] + mem[None]) * self.attn_v, -1)           # [K, G]
+                ctx = tf.nn.softmax(score) @ mem                                                  # [K, A]
+                logits = self._clip(logit_h + ctx @ out_ctx + row[:, 4 * H:])                    # [K, D]
+                logits += noise_scale * self._noise_std(logits, None) * eps[t] + not_allowed[t]
+                a = tf.cast(tf.argmax(logits + gumbel[t], -1), tf.int32)   # Gumbel-max = a categorical sample
+                a = tf.where(explore[t], uniform_a[t], a)
+                actions = actions.write(t, a)
+                prev = a
+            return actions.stack()
 
     def sample(self, k: int, noise_scale: float = 0.0, greedy: bool = False):
         """Draw k placements: int32[k, G] device per group, and the standard-normal logit noise
         float32[k, G, D] used (pass it to `log_probs`). greedy=True takes the argmax instead of sampling."""
-        a, eps = self._sample_fn(tf.constant(int(k), tf.int32), tf.constant(float(noise_scale), tf.float32),
-                                    tf.constant(bool(greedy)))
-        return a.numpy(), eps.numpy()
+        with tf.device(POLICY_DEVICE):
+            a, eps = self._sample_fn(tf.constant(int(k), tf.int32), tf.constant(float(noise_scale), tf.float32),
+                                     tf.constant(bool(greedy)))
+            return a.numpy(), eps.numpy()
 
     # ---------------------------------------------------------------- scoring (teacher forcing)
     def _log_probs(self, actions: tf.Tensor, noise: tf.Tensor, noise_scale: tf.Tensor, mixture: bool = True,
@@ -277,44 +285,46 @@ class PlacementPolicy(tf.Module):
         history: int32[K, G] devices fed to the decoder as the previous groups' choices (default: `actions`,
         i.e. teacher forcing); imitation feeds perturbed histories so the policy keeps its choice for a group
         when an earlier group was placed elsewhere."""
-        hist = actions if history is None else history
-        k = tf.shape(actions)[0]
-        enc, mem, c0, h0 = self._encode()
-        # decoder inputs go, emb(a_0), ..., emb(a_{G-2}) times dec_wx: rows of a [D+1, 4H] table (row D = go)
-        table = tf.concat([self.device_emb, self.go_emb], 0) @ self.dec_wx
-        prev = tf.concat([tf.fill([1, k], self.num_devices), tf.transpose(hist[:, :-1])], 0)      # [G, K]
-        xw = tf.gather(table, prev) + (enc @ self.dec_we + self.dec_b)[:, None, :]               # [G, K, 4H]
-        hs = _lstm_seq(xw, tf.tile(c0, [k, 1]), tf.tile(h0, [k, 1]), tf.convert_to_tensor(self.dec_wh))
-        hs = tf.transpose(hs, [1, 0, 2])                                                       # [K, G, H]
-        q = hs @ self.attn_w2                                                                  # [K, G, A]
-        # additive attention for every (sample, step, group): per sample, so the [G, G, A] temporaries
-        # stay cache-sized (measured faster than one [K, G, G, A] tensor)
-        score = tf.map_fn(lambda qk: tf.tensordot(tf.tanh(qk[:, None, :] + mem[None]), self.attn_v, 1), q)
-        ctx = tf.nn.softmax(score) @ mem                                                       # [K, G, A]
-        trans = tf.concat([tf.zeros([k, 1, self.num_devices]), tf.gather(self.transition, hist[:, :-1])], 1)
-        logits = self._clip(tf.concat([hs, ctx], -1) @ self.out_w + trans)                    # [K, G, D]
-        logits += noise_scale * self._noise_std(logits, [0, 2]) * noise
-        logits = tf.where(self.allowed[None], logits, _NEG)
-        logsm = tf.nn.log_softmax(logits)
-        p = tf.exp(logsm)
-        if mixture and self.explore > 0:     # log-probability under the sampling mixture (1-ε)·π + ε·uniform(allowed)
-            allowed = tf.cast(self.allowed, tf.float32)
-            uniform = allowed / tf.reduce_sum(allowed, -1, keepdims=True)                      # [G, D]
-            mix = tf.math.log((1.0 - self.explore) * p + self.explore * uniform[None] + 1e-30)
-            logp = tf.reduce_sum(tf.gather(mix, actions, batch_dims=2), axis=1)
-        else:
-            logp = tf.reduce_sum(tf.gather(logsm, actions, batch_dims=2), axis=1)             # [K]
-        entropy = -tf.reduce_mean(tf.reduce_sum(tf.where(self.allowed[None], p * logsm, 0.0), -1), axis=1)
-        return logp, entropy
+        with tf.device(POLICY_DEVICE):
+            hist = actions if history is None else history
+            k = tf.shape(actions)[0]
+            enc, mem, c0, h0 = self._encode()
+            # decoder inputs go, emb(a_0), ..., emb(a_{G-2}) times dec_wx: rows of a [D+1, 4H] table (row D = go)
+            table = tf.concat([self.device_emb, self.go_emb], 0) @ self.dec_wx
+            prev = tf.concat([tf.fill([1, k], self.num_devices), tf.transpose(hist[:, :-1])], 0)      # [G, K]
+            xw = tf.gather(table, prev) + (enc @ self.dec_we + self.dec_b)[:, None, :]               # [G, K, 4H]
+            hs = _lstm_seq(xw, tf.tile(c0, [k, 1]), tf.tile(h0, [k, 1]), tf.convert_to_tensor(self.dec_wh))
+            hs = tf.transpose(hs, [1, 0, 2])                                                       # [K, G, H]
+            q = hs @ self.attn_w2                                                                  # [K, G, A]
+            # additive attention for every (sample, step, group): per sample, so the [G, G, A] temporaries
+            # stay cache-sized (measured faster than one [K, G, G, A] tensor)
+            score = tf.map_fn(lambda qk: tf.tensordot(tf.tanh(qk[:, None, :] + mem[None]), self.attn_v, 1), q)
+            ctx = tf.nn.softmax(score) @ mem                                                       # [K, G, A]
+            trans = tf.concat([tf.zeros([k, 1, self.num_devices]), tf.gather(self.transition, hist[:, :-1])], 1)
+            logits = self._clip(tf.concat([hs, ctx], -1) @ self.out_w + trans)                    # [K, G, D]
+            logits += noise_scale * self._noise_std(logits, [0, 2]) * noise
+            logits = tf.where(self.allowed[None], logits, _NEG)
+            logsm = tf.nn.log_softmax(logits)
+            p = tf.exp(logsm)
+            if mixture and self.explore > 0:   # log-probability under the mixture (1-ε)·π + ε·uniform(allowed)
+                allowed = tf.cast(self.allowed, tf.float32)
+                uniform = allowed / tf.reduce_sum(allowed, -1, keepdims=True)                      # [G, D]
+                mix = tf.math.log((1.0 - self.explore) * p + self.explore * uniform[None] + 1e-30)
+                logp = tf.reduce_sum(tf.gather(mix, actions, batch_dims=2), axis=1)
+            else:
+                logp = tf.reduce_sum(tf.gather(logsm, actions, batch_dims=2), axis=1)             # [K]
+            entropy = -tf.reduce_mean(tf.reduce_sum(tf.where(self.allowed[None], p * logsm, 0.0), -1), axis=1)
+            return logp, entropy
 
     def log_probs(self, actions, noise=None, noise_scale: float = 0.0):
         """Teacher-forced log-probability of each placement (sum over groups) float32[K] and the mean
         per-group entropy float32[K]. Differentiable: call under a `tf.GradientTape`."""
-        actions = tf.convert_to_tensor(actions, tf.int32)
-        if noise is None:
-            noise = tf.zeros([actions.shape[0], self.num_groups, self.num_devices])
-        return self._log_probs_fn(actions, tf.convert_to_tensor(noise, tf.float32),
-                                  tf.constant(float(noise_scale), tf.float32))
+        with tf.device(POLICY_DEVICE):
+            actions = tf.convert_to_tensor(actions, tf.int32)
+            if noise is None:
+                noise = tf.zeros([actions.shape[0], self.num_groups, self.num_devices])
+            return self._log_probs_fn(actions, tf.convert_to_tensor(noise, tf.float32),
+                                      tf.constant(float(noise_scale), tf.float32))
 
     # ---------------------------------------------------------------- state (for checkpoints)
     def get_state(self) -> dict[str, np.ndarray]:

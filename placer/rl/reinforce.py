@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from placer.rl.policy import PlacementPolicy
+from placer.rl.policy import POLICY_DEVICE, PlacementPolicy
 
 
 @dataclass
@@ -183,8 +183,9 @@ class Reinforce:
                                       explore=min(cfg.explore_max, cfg.explore_groups / max(1, features.shape[0])),
                                       seed=cfg.seed)
         self.variables = list(self.policy.trainable_variables)
-        self.optimizer = keras.optimizers.Adam(cfg.learning_rate, global_clipnorm=cfg.grad_clip)
-        self.optimizer.build(self.variables)
+        with tf.device(POLICY_DEVICE):
+            self.optimizer = keras.optimizers.Adam(cfg.learning_rate, global_clipnorm=cfg.grad_clip)
+            self.optimizer.build(self.variables)
         self.baseline: float | None = None     # EMA of mean batch reward; set by the first batch
         self.updates = 0                       # completed learn() calls
         G, D = self.policy.num_groups, self.policy.num_devices
@@ -207,25 +208,27 @@ class Reinforce:
         return reward_of(np.asarray(step_times, np.float64), np.asarray(failed, bool), failure_step_time)
 
     def _train_step(self, actions, noise, noise_scale, advantages):
-        G = float(self.policy.num_groups)
-        with tf.GradientTape() as tape:
-            logp, entropy = self.policy._log_probs(actions, noise, noise_scale)
-            pg_loss = -tf.reduce_mean(advantages * logp) / G      # per group, so entropy_coef is per decision
-            entropy = tf.reduce_mean(entropy)
-            loss = pg_loss - self.config.entropy_coef * entropy
-        grads = tape.gradient(loss, self.variables)
-        grad_norm = tf.linalg.global_norm(grads)
-        self.optimizer.apply_gradients(zip(grads, self.variables))   # clips to grad_clip (global norm)
-        return loss, entropy, grad_norm, logp
+        with tf.device(POLICY_DEVICE):
+            G = float(self.policy.num_groups)
+            with tf.GradientTape() as tape:
+                logp, entropy = self.policy._log_probs(actions, noise, noise_scale)
+                pg_loss = -tf.reduce_mean(advantages * logp) / G      # per group, so entropy_coef is per decision
+                entropy = tf.reduce_mean(entropy)
+                loss = pg_loss - self.config.entropy_coef * entropy
+            grads = tape.gradient(loss, self.variables)
+            grad_norm = tf.linalg.global_norm(grads)
+            self.optimizer.apply_gradients(zip(grads, self.variables))   # clips to grad_clip (global norm)
+            return loss, entropy, grad_norm, logp
 
     def _imitate_step(self, actions, history):
-        with tf.GradientTape() as tape:
-            noise = tf.zeros([tf.shape(actions)[0], self.policy.num_groups, self.policy.num_devices])
-            logp, _ = self.policy._log_probs(actions, noise, 0.0, mixture=False, history=history)
-            loss = -tf.reduce_mean(logp) / float(self.policy.num_groups)
-        grads = tape.gradient(loss, self.variables)
-        self.optimizer.apply_gradients(zip(grads, self.variables))
-        return -logp[0] / float(self.policy.num_groups)        # row 0: the unperturbed history
+        with tf.device(POLICY_DEVICE):
+            with tf.GradientTape() as tape:
+                noise = tf.zeros([tf.shape(actions)[0], self.policy.num_groups, self.policy.num_devices])
+                logp, _ = self.policy._log_probs(actions, noise, 0.0, mixture=False, history=history)
+                loss = -tf.reduce_mean(logp) / float(self.policy.num_groups)
+            grads = tape.gradient(loss, self.variables)
+            self.optimizer.apply_gradients(zip(grads, self.variables))
+            return -logp[0] / float(self.policy.num_groups)        # row 0: the unperturbed history
 
     def _histories(self, group_devices: np.ndarray, rows: int) -> np.ndarray:
         """`rows` copies of a placement as decoder histories: row 0 as is, the others with each group replaced
@@ -253,7 +256,8 @@ class Reinforce:
         prob, steps = 0.0, 0
         for steps in range(1, max_steps + 1):
             h = tf.constant(self._histories(group_devices, rows), tf.int32)
-            prob = float(np.exp(-float(self._imitate_fn(a, h))))
+            with tf.device(POLICY_DEVICE):
+                prob = float(np.exp(-float(self._imitate_fn(a, h))))
             if prob >= target_prob:
                 break
         return {"imitation_steps": steps, "imitation_prob": prob}
@@ -267,9 +271,10 @@ class Reinforce:
         adv = rewards - (self.baseline if cfg.baseline_mode == "ema" else rewards.mean())
         if cfg.normalize_advantage:
             adv = adv / (rewards.std() + cfg.advantage_std_floor * abs(self.baseline) + 1e-12)
-        loss, entropy, grad_norm, logp = self._train(
-            tf.constant(actions, tf.int32), tf.constant(noise, tf.float32),
-            tf.constant(self.noise_scale, tf.float32), tf.constant(adv, tf.float32))
+        with tf.device(POLICY_DEVICE):
+            loss, entropy, grad_norm, logp = self._train(
+                tf.constant(actions, tf.int32), tf.constant(noise, tf.float32),
+                tf.constant(self.noise_scale, tf.float32), tf.constant(adv, tf.float32))
         self.baseline = cfg.baseline_decay * self.baseline + (1 - cfg.baseline_decay) * float(rewards.mean())
         self.updates += 1
         return {"loss": float(loss), "entropy": float(entropy), "grad_norm": float(grad_norm),
