@@ -9,7 +9,8 @@ One update (Mirhoseini et al. 2017, §3.2; TF's hierarchical_controller.py):
        (× its memory overflow peak/capacity when it ran out of memory: a graded signal toward fitting)
     5. advantage A = R - b with b an exponential moving average of past mean rewards
     6. loss = -mean_k(A_k · log π(a_k)) / G - entropy_coef · mean entropy; Adam step with global-norm clipping
-    7. (in `placer.rl.search.Search`) elite step: fit π to the best placement sampled so far (`imitate`)
+    7. (in `placer.rl.search.Search`) elite step: fit π to the best placement of the current run (`imitate`);
+       after `restart_updates` updates without a better one, re-fit π to the warm-start placement (a restart)
 
 Example (toy evaluator: step time = number of groups not on device g % D):
     >>> import numpy as np

@@ -6,6 +6,9 @@ best-so-far tracking, checkpoints that survive `kill -9`, a progress bar, Tensor
     result.placement     # op→device int array: the best of the baselines and of every sampled placement
     result.search_best   # the best step time the policy itself sampled (no baseline floor)
 
+Between updates: the elite step (fit the policy to the current run's best sample) and, after
+`ReinforceConfig.restart_updates` updates without a better one, a restart from the warm-start placement.
+
 Stops on whichever comes first: the wall-time budget (counting time spent before a resume), `max_updates`
 policy updates (counting updates before a resume), or `patience` updates without a new best.
 
