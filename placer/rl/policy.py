@@ -147,6 +147,7 @@ class PlacementPolicy(tf.Module):
         with tf.device(POLICY_DEVICE):
             self.features = tf.constant(features)
             self.allowed = tf.constant(allowed)
+            self.not_allowed = tf.constant(np.where(allowed, 0.0, _NEG).astype(np.float32))   # logit mask [G, D]
             with self.name_scope:
                 v = lambda a, n: tf.Variable(a, name=n)  # noqa: E731
                 # optional learned per-group embedding appended to the features (a position embedding)
@@ -207,6 +208,10 @@ class PlacementPolicy(tf.Module):
         last_h = tf.concat([h_f[-1], h_b[-1]], axis=-1)
         return enc, enc @ self.attn_w1, last_c, last_h
 
+    def _input_table(self) -> tf.Tensor:
+        """The decoder's input term for each previous device: embedding × dec_wx, [D+1, 4H] (row D = "go")."""
+        return tf.concat([self.device_emb, self.go_emb], 0) @ self.dec_wx
+
     def _clip(self, raw: tf.Tensor) -> tf.Tensor:
         """C · tanh(raw / T) (the controller divides by the temperature, then clips with tanh)."""
         if self.tanh_constant <= 0:          # as in the controller: tanh_constant <= 0 turns clipping off
@@ -227,10 +232,9 @@ class PlacementPolicy(tf.Module):
             eps = self.rng.normal([G, k, D])
             gumbel = -tf.math.log(-tf.math.log(self.rng.uniform([G, k, D], 1e-20, 1.0)))
             gumbel = tf.where(greedy, tf.zeros_like(gumbel), gumbel)
-            not_allowed = tf.cast(tf.logical_not(self.allowed), tf.float32) * _NEG      # [G, D]
             # ε-uniform exploration: which (group, sample) pairs are drawn uniformly, and that uniform draw
-            uniform_a = tf.cast(tf.argmax(self.rng.uniform([G, k, D], 1e-20, 1.0) + not_allowed[:, None, :], -1),
-                                tf.int32)                                                    # [G, K]
+            uniform_a = tf.cast(tf.argmax(self.rng.uniform([G, k, D], 1e-20, 1.0) + self.not_allowed[:, None, :],
+                                          -1), tf.int32)                                     # [G, K]
             explore = tf.logical_and(self.rng.uniform([G, k]) < self.explore, tf.logical_not(greedy))
             actions = self._decode_fn(enc, mem, c0, h0, eps, gumbel, uniform_a, explore, noise_scale)
             return tf.transpose(actions), tf.transpose(eps, [1, 0, 2])
@@ -245,11 +249,10 @@ class PlacementPolicy(tf.Module):
             k = tf.shape(gumbel)[1]
             enc_w = enc @ self.dec_we + self.dec_b                                        # [G, 4H], same for all k
             # the previous group's device → its decoder-input term and its transition row, one table (row D = "go")
-            table = tf.concat([tf.concat([self.device_emb, self.go_emb], 0) @ self.dec_wx,
-                               tf.concat([self.transition, tf.zeros([1, D])], 0)], -1)    # [D+1, 4H + D]
+            table = tf.concat([self._input_table(), tf.concat([self.transition, tf.zeros([1, D])], 0)],
+                              -1)                                                          # [D+1, 4H + D]
             w_h = tf.concat([self.dec_wh, self.attn_w2, self.out_w[:H]], -1)    # h → [recurrent, query, logits]
             out_ctx = self.out_w[H:]
-            not_allowed = tf.cast(tf.logical_not(self.allowed), tf.float32) * _NEG
             c = tf.tile(c0, [k, 1])
             h = tf.tile(h0, [k, 1])
             rec = h @ self.dec_wh
@@ -263,7 +266,7 @@ class PlacementPolicy(tf.Module):
                 score = tf.reduce_sum(tf.tanh(q[:, None, :] + mem[None]) * self.attn_v, -1)           # [K, G]
                 ctx = tf.nn.softmax(score) @ mem                                                  # [K, A]
                 logits = self._clip(logit_h + ctx @ out_ctx + row[:, 4 * H:])                    # [K, D]
-                logits += noise_scale * self._noise_std(logits, None) * eps[t] + not_allowed[t]
+                logits += noise_scale * self._noise_std(logits, None) * eps[t] + self.not_allowed[t]
                 a = tf.cast(tf.argmax(logits + gumbel[t], -1), tf.int32)   # Gumbel-max = a categorical sample
                 a = tf.where(explore[t], uniform_a[t], a)
                 actions = actions.write(t, a)
@@ -289,10 +292,9 @@ class PlacementPolicy(tf.Module):
             hist = actions if history is None else history
             k = tf.shape(actions)[0]
             enc, mem, c0, h0 = self._encode()
-            # decoder inputs go, emb(a_0), ..., emb(a_{G-2}) times dec_wx: rows of a [D+1, 4H] table (row D = go)
-            table = tf.concat([self.device_emb, self.go_emb], 0) @ self.dec_wx
+            # decoder inputs go, emb(a_0), ..., emb(a_{G-2}) times dec_wx
             prev = tf.concat([tf.fill([1, k], self.num_devices), tf.transpose(hist[:, :-1])], 0)      # [G, K]
-            xw = tf.gather(table, prev) + (enc @ self.dec_we + self.dec_b)[:, None, :]               # [G, K, 4H]
+            xw = tf.gather(self._input_table(), prev) + (enc @ self.dec_we + self.dec_b)[:, None, :]  # [G, K, 4H]
             hs = _lstm_seq(xw, tf.tile(c0, [k, 1]), tf.tile(h0, [k, 1]), tf.convert_to_tensor(self.dec_wh))
             hs = tf.transpose(hs, [1, 0, 2])                                                       # [K, G, H]
             q = hs @ self.attn_w2                                                                  # [K, G, A]
