@@ -75,9 +75,9 @@ def bench_evals(model: str = "nmt4", cluster: str = "4xK80", updates: int = 40) 
     """Evaluations per second of the whole search loop with the simulator (no baselines, no warm start)."""
     from placer.graphs.group import default_max_groups, group
     from placer.graphs.models import build_model
-    from placer.rl.commands import group_allowed
+    from placer.problem import group_allowed
     from placer.rl.reinforce import ReinforceConfig
-    from placer.rl.search import run_search
+    from placer.rl.search import run_loop
     from placer.sim.cluster import parse_cluster
     from placer.sim.costs import load_or_analytical
     from placer.sim.simulator import SimEvaluator
@@ -90,7 +90,7 @@ def bench_evals(model: str = "nmt4", cluster: str = "4xK80", updates: int = 40) 
     for G in (default_max_groups(len(cl.gpu_indices)), 256):
         gr = group(g, G, op_costs=np.where(np.isfinite(c0), c0, 0.0))
         t0 = time.perf_counter()
-        res = run_search(gr, ev, budget_seconds=600, max_updates=updates, cpu_index=cl.cpu_index,
+        res = run_loop(gr, ev, budget_seconds=600, max_updates=updates, cpu_index=cl.cpu_index,
                          allowed=group_allowed(gr, ev.sim.cost, cl.cpu_index), progress=False,
                          config=ReinforceConfig(imitation_steps=0),
                          device_capacity=[d.capacity_bytes for d in cl.devices])
@@ -108,16 +108,19 @@ def bench_evals(model: str = "nmt4", cluster: str = "4xK80", updates: int = 40) 
 
 def bench_models(models=("nmt4", "inception_v3"), cluster: str = "4xK80", budget: float = 600.0,
                  seed: int = 0, out_root: str = "/tmp/placer_bench_search") -> list[dict]:
-    """A full `search_graph` per model (baselines, warm start, REINFORCE) within `budget` seconds."""
+    """A full search per model (problem with its baselines, warm start, REINFORCE) within `budget` seconds."""
     from placer.graphs.models import build_model
-    from placer.rl.commands import search_graph
+    from placer.problem import build_problem
+    from placer.search import search
 
     recs = []
     for m in models:
         g = build_model(m)
         t0 = time.perf_counter()
-        res = search_graph(g, cluster=cluster, budget_seconds=budget, seed=seed, out_dir=f"{out_root}/{m}",
-                           progress=False, model_name=m)
+        problem = build_problem(g, cluster, seed=seed)
+        res = search(problem, budget_seconds=budget, seed=seed, out_dir=f"{out_root}/{m}", progress=False,
+                     model_name=m)
+        problem.close()
         wall = time.perf_counter() - t0
         ok = {k: v for k, v in res.baselines.items() if v is not None and k not in ("random", "round_robin")}
         bname = min(ok, key=ok.get) if ok else None

@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
-    from placer.api import random_placement, single_placement
+    from placer.placement import random_placement, single_placement
     from placer.graphs.models import build_model
     from placer.sim.cluster import parse_cluster
     from placer.sim.costs import analytical_costs, device_properties, grappler_item, grappler_measure

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from placer.baselines.bench import best_baseline
+from placer.bench import best_baseline
 
 PAPER = {("nmt", 4): "Mirhoseini 2017: ~20% faster than expert",
          ("nmt4", 4): "Hierarchical 2018: 53.7% faster than expert",

@@ -8,7 +8,7 @@ TensorFlow is imported lazily, so `import placer` and `placer --help` start fast
 """
 import os as _os
 
-__version__ = "0.1.0"
+from placer._version import __version__  # noqa: F401
 
 # oneDNN kernels make the policy's update 1.5x faster on CPU (benchmarks/RESULTS.md, "Update time"). TensorFlow
 # turns them on by itself only on CPUs with AVX-512 VNNI/BF16/AMX; it reads this variable once, when it is first

@@ -1,299 +1,55 @@
-"""The library surface: `place()`, `Placement`, `SearchResult`, and the placement resolver the CLI shares.
+"""The library surface: `place()` on top of the house (load → `build_problem` → evaluator → `search`).
 
-Names (op name → device string) live only here, at the edge; inside, placements are op→device index arrays.
+    import placer
+    result = placer.place(model_or_graph, cluster="4xK80", budget_seconds=60)
+    result.placement.save("placement.json")
 """
 from __future__ import annotations
 
-import json
-import os
-import re
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Sequence
-
-import numpy as np
-
-from placer import __version__
-from placer.errors import PlacementError, PlacerError
+from placer.errors import PlacerError
 from placer.graphs.opgraph import OpGraph
+from placer.placement import (BUILTIN_PLACEMENTS, DeviceFunction, Placement, random_placement,  # noqa: F401
+                              round_robin_placement, single_placement)
+from placer.problem import build_problem, resolve_placement  # noqa: F401
+from placer.search import SearchResult, search
 
-PLACEMENT_FORMAT = 1
-BUILTIN_PLACEMENTS = ("single", "random", "round_robin")
-
-
-def _tf_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("tensorflow")
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-@dataclass
-class Placement:
-    """op name → device name (TF short form `/GPU:0`, `/CPU:0`, or full remote form).
-
-    >>> p = Placement({"a": "/GPU:0", "b": "/CPU:0"}, devices=["/GPU:0", "/CPU:0"], graph_fingerprint="f00")
-    >>> p.device_counts()
-    {'/GPU:0': 1, '/CPU:0': 1}
-    """
-
-    mapping: dict[str, str]
-    devices: list[str]
-    graph_fingerprint: str = ""
-
-    # ---- conversions ------------------------------------------------------------------
-    @staticmethod
-    def from_indices(graph: OpGraph, devices: Sequence[str], op_devices: np.ndarray) -> "Placement":
-        op_devices = np.asarray(op_devices)
-        if op_devices.shape != (graph.num_ops,):
-            raise PlacementError(f"placement has {op_devices.shape} entries; graph {graph.name!r} has "
-                                 f"{graph.num_ops} ops")
-        if op_devices.size and (op_devices.min() < 0 or op_devices.max() >= len(devices)):
-            bad = int(np.flatnonzero((op_devices < 0) | (op_devices >= len(devices)))[0])
-            raise PlacementError(f"op {graph.names[bad]!r} is placed on device index {int(op_devices[bad])}, "
-                                 f"outside the {len(devices)} devices {list(devices)}")
-        devs = list(devices)
-        return Placement({nm: devs[int(d)] for nm, d in zip(graph.names, op_devices)}, devs, graph.fingerprint)
-
-    def to_indices(self, graph: OpGraph, devices: Sequence[str]) -> np.ndarray:
-        """op→device index array for `graph` over `devices` (errors name the op or device at fault)."""
-        self.check_graph(graph)
-        pos = {_canon(d): i for i, d in enumerate(devices)}
-        out = np.empty(graph.num_ops, np.int32)
-        for i, nm in enumerate(graph.names):
-            d = self.mapping.get(nm)
-            if d is None:
-                raise PlacementError(f"the placement has no device for op {nm!r}")
-            j = pos.get(_canon(d))
-            if j is None:
-                raise PlacementError(f"op {nm!r} is placed on {d!r}, which is not one of the devices "
-                                     f"{list(devices)}")
-            out[i] = j
-        return out
-
-    def check_graph(self, graph: OpGraph) -> None:
-        if self.graph_fingerprint and graph.fingerprint and self.graph_fingerprint != graph.fingerprint:
-            raise PlacementError(f"this placement is for graph {self.graph_fingerprint}, not for graph "
-                                 f"{graph.name!r} ({graph.fingerprint})")
-
-    def device_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {d: 0 for d in self.devices}
-        for d in self.mapping.values():
-            counts[d] = counts.get(d, 0) + 1
-        return counts
-
-    # ---- files ------------------------------------------------------------------------
-    def to_json(self) -> dict:
-        return {"format": PLACEMENT_FORMAT, "graph_fingerprint": self.graph_fingerprint, "devices": self.devices,
-                "placement": self.mapping, "placer_version": __version__, "tensorflow_version": _tf_version()}
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the placement file of CLI.md (atomically: a temp file then a rename)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        os.replace(tmp, path)
-
-    @staticmethod
-    def load(path: str | os.PathLike) -> "Placement":
-        try:
-            d = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise PlacementError(f"placement file {path} does not exist") from None
-        except (OSError, ValueError) as e:
-            raise PlacementError(f"placement file {path} is not valid JSON: {e}") from None
-        if not isinstance(d, dict) or "placement" not in d or not isinstance(d["placement"], dict):
-            raise PlacementError(f"{path} is not a placement file (no 'placement' object)")
-        if d.get("format", PLACEMENT_FORMAT) != PLACEMENT_FORMAT:
-            raise PlacementError(f"{path}: placement format {d.get('format')} is not supported (expected 1)")
-        mapping = {str(k): str(v) for k, v in d["placement"].items()}
-        devices = [str(x) for x in d.get("devices") or sorted(set(mapping.values()))]
-        return Placement(mapping, devices, str(d.get("graph_fingerprint", "")))
-
-    # ---- TensorFlow -------------------------------------------------------------------
-    def apply(self, graph):
-        """A placed copy of `graph`: an OpGraph (→ its runnable MetaGraphDef), a MetaGraphDef or a GraphDef
-        (→ the same kind). Nodes the placement names get its device; others keep theirs."""
-        from tensorflow.core.framework import graph_pb2
-        from tensorflow.core.protobuf import meta_graph_pb2
-
-        if isinstance(graph, OpGraph):
-            self.check_graph(graph)
-            out = graph.meta_graph_def()
-            gd = out.graph_def
-        elif isinstance(graph, meta_graph_pb2.MetaGraphDef):
-            out = meta_graph_pb2.MetaGraphDef()
-            out.CopyFrom(graph)
-            gd = out.graph_def
-        elif isinstance(graph, graph_pb2.GraphDef):
-            out = graph_pb2.GraphDef()
-            out.CopyFrom(graph)
-            gd = out
-        else:
-            raise PlacementError(f"Placement.apply takes an OpGraph, MetaGraphDef or GraphDef, not "
-                                 f"{type(graph).__name__}")
-        for node in gd.node:
-            d = self.mapping.get(node.name)
-            if d is not None:
-                node.device = d
-                # a _class colocation attr would override the device at run time; the placement keeps
-                # co-location itself, so the attr is dropped to let the assigned device stand
-                if "_class" in node.attr:
-                    del node.attr["_class"]
-        return out
-
-    def device_function(self) -> "DeviceFunction":
-        """A TF device function for re-tracing a tf.function / Keras model with this placement; see
-        `DeviceFunction` and `retrace()`."""
-        return DeviceFunction(self)
-
-    def retrace(self, fn: Callable, *args, **kwargs):
-        """Trace `fn` (a tf.function, or a plain Python function of tensors) under this placement's device
-        function. Returns (ConcreteFunction, DeviceFunction) — the latter reports how many of the traced
-        ops it matched (`.matched`, `.unmatched`, `.match_fraction`), since op names drift between traces."""
-        import tensorflow as tf
-
-        df = self.device_function()
-        tf_fn = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
-        with tf.Graph().as_default() as g, g.device(df):
-            cf = tf_fn.get_concrete_function(*args, **kwargs)
-        return cf, df
-
-
-def _canon(device: str) -> str:
-    """Canonical short device spelling: '/device:GPU:0' and '/gpu:0' both → '/GPU:0'."""
-    d = device.strip()
-    m = re.fullmatch(r"/(?:device:)?([A-Za-z_]+):(\d+)", d)
-    if m:
-        return f"/{m.group(1).upper()}:{m.group(2)}"
-    return d
-
-
-_SUFFIX = re.compile(r"_\d+(?=/|$)")
-
-
-class DeviceFunction:
-    """Callable TF device function mapping each traced op to its placed device by name. Names that drift
-    between traces (uniquifying suffixes like `dense_1`, `MatMul_2`) are matched after stripping those
-    suffixes when the exact name is absent. Counts what it matched."""
-
-    def __init__(self, placement: Placement):
-        self.placement = placement
-        self.loose: dict[str, str] = {}
-        for nm, d in placement.mapping.items():
-            self.loose.setdefault(_SUFFIX.sub("", nm), d)
-        self.matched = 0
-        self.unmatched: list[str] = []
-
-    def __call__(self, op) -> str:
-        name = op.name
-        d = self.placement.mapping.get(name) or self.loose.get(_SUFFIX.sub("", name))
-        if d is None:
-            self.unmatched.append(name)
-            return op.device or ""
-        self.matched += 1
-        return d
-
-    @property
-    def match_fraction(self) -> float:
-        tot = self.matched + len(self.unmatched)
-        return self.matched / tot if tot else 0.0
-
-
-# ---- built-in placements -------------------------------------------------------------------
-
-def _by_colocation(graph: OpGraph, group_device: np.ndarray, cluster) -> np.ndarray:
-    out = np.asarray(group_device)[graph.colocation].astype(np.int32)
-    cpu = cluster.cpu_index
-    if cpu is not None:
-        out[graph.cpu_only.astype(bool)] = cpu
-    return out
-
-
-def single_placement(graph: OpGraph, cluster) -> np.ndarray:
-    """Every op on the first GPU, CPU-only ops on /CPU:0; on a CPU-only cluster everything on the first CPU."""
-    first = cluster.gpu_indices[0]
-    return _by_colocation(graph, np.full(graph.colocation.max() + 1 if graph.num_ops else 0, first), cluster)
-
-
-def random_placement(graph: OpGraph, cluster, seed: int = 0) -> np.ndarray:
-    """Uniform over the GPUs per co-location group (CPU-only ops on the CPU)."""
-    rng = np.random.default_rng(seed)
-    gpus = np.asarray(cluster.gpu_indices)
-    k = int(graph.colocation.max()) + 1 if graph.num_ops else 0
-    return _by_colocation(graph, gpus[rng.integers(0, len(gpus), size=k)], cluster)
-
-
-def round_robin_placement(graph: OpGraph, cluster) -> np.ndarray:
-    """Co-location groups dealt to the GPUs in turn, in topological order of their first op."""
-    gpus = np.asarray(cluster.gpu_indices)
-    k = int(graph.colocation.max()) + 1 if graph.num_ops else 0
-    first_pos = np.full(k, graph.num_ops)
-    np.minimum.at(first_pos, graph.colocation, np.arange(graph.num_ops))
-    rank = np.empty(k, np.int64)
-    rank[np.argsort(first_pos, kind="stable")] = np.arange(k)
-    return _by_colocation(graph, gpus[rank % len(gpus)], cluster)
-
-
-def resolve_placement(spec: str, graph: OpGraph, cluster, seed: int = 0, costs=None) -> np.ndarray:
-    """A `--placement` value → op→device index array over `cluster.devices`: `single`, `random`,
-    `round_robin`, a baseline name (`metis`, `expert`, ...), or a placement.json path."""
-    if spec == "single":
-        return single_placement(graph, cluster)
-    if spec == "random":
-        return random_placement(graph, cluster, seed)
-    if spec == "round_robin":
-        return round_robin_placement(graph, cluster)
-    try:
-        from placer.baselines import BASELINES, run_baseline
-    except ImportError:
-        BASELINES, run_baseline = {}, None
-    if spec in BASELINES:
-        return run_baseline(spec, graph, cluster, costs=costs, seed=seed)
-    if os.path.exists(spec) or spec.endswith(".json"):
-        return Placement.load(spec).to_indices(graph, cluster.device_names)
-    valid = list(BUILTIN_PLACEMENTS) + sorted(BASELINES)
-    raise PlacementError(f"unknown placement {spec!r}: use one of {valid} or a placement.json path")
-
-
-# ---- the search --------------------------------------------------------------------------
-
-@dataclass
-class SearchResult:
-    placement: Placement
-    step_time: float                  # seconds, the returned placement (never worse than the best baseline)
-    search_best: float                # the best step time the policy itself sampled
-    baselines: dict[str, float | None]
-    lower_bound: float
-    history: list[dict] = field(default_factory=list)
-    evaluations: int = 0
-    wall_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+__all__ = ["place", "Placement", "SearchResult", "resolve_placement"]
 
 
 def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seconds: float = 300,
           seed: int = 0, workers=None, costs=None, max_groups: int | None = None, out_dir=None,
-          progress: bool = False, batch_size: int | None = None, fetches=None,
-          max_updates: int | None = None) -> SearchResult:
+          progress: bool = False, batch_size: int | None = None, fetches=None, max_updates: int | None = None,
+          token_file: str | None = None, config=None, allow_cpu: bool = False) -> SearchResult:
     """Learn a placement for `graph` (an OpGraph, tf.Graph, GraphDef, MetaGraphDef, path, tf.function
     concrete function or compiled Keras model).
 
-    cluster: simulated hardware ("4xK80", a Cluster, a JSON path); devices: real local devices ("cpu:2",
-    ["/GPU:0", "/GPU:1"]). reward "sim" scores placements with the simulator, "measure" runs them (locally, or
-    on `workers` "host:port" addresses). Returns a SearchResult whose `.placement` saves to placement.json.
+    cluster: simulated hardware ("4xK80", a Cluster, a JSON path); devices: real devices ("cpu:2",
+    ["/GPU:0", "/GPU:1"], a tasks file). reward "sim" scores placements with the simulator, "measure" runs them
+    (locally, on a TF cluster's tasks, or on `workers` "host:port" addresses). Returns a SearchResult whose
+    `.placement` saves to placement.json.
     """
-    from placer.rl.commands import search_graph
-
+    if (cluster is None) == (devices is None):
+        raise PlacerError("place() needs exactly one of cluster= (simulated hardware) or devices= (real devices)")
+    if reward == "measure" and devices is None and not workers:
+        raise PlacerError("reward='measure' needs real devices: devices=... (local) or workers=[...]")
     if isinstance(graph, OpGraph):
         og = graph
     else:
         from placer.graphs import load
 
         og = load(graph, fetches=fetches, batch_size=batch_size)
-    if (cluster is None) == (devices is None):
-        raise PlacerError("place() needs exactly one of cluster= (simulated hardware) or devices= (real devices)")
-    return search_graph(og, cluster=cluster, devices=devices, reward=reward, budget_seconds=budget_seconds,
-                        seed=seed, workers=workers, costs=costs, max_groups=max_groups, out_dir=out_dir,
-                        progress=progress, max_updates=max_updates)
+    problem = build_problem(og, cluster, devices=devices, costs=costs, max_groups=max_groups, seed=seed,
+                            allow_cpu=allow_cpu)
+    evaluator = None
+    try:
+        if reward == "measure":
+            from placer.runtime import make_evaluator
+
+            evaluator = make_evaluator(og, devices if devices is not None else problem.device_names,
+                                       workers=workers, token_file=token_file)
+        return search(problem, evaluator, reward=reward, budget_seconds=budget_seconds, seed=seed, config=config,
+                      out_dir=out_dir, progress=progress, max_updates=max_updates)
+    finally:
+        if evaluator is not None:
+            evaluator.close()
+        problem.close()

@@ -27,3 +27,16 @@ class MeasurementError(PlacerError):
 
 class SearchError(PlacerError):
     """The search cannot run (budget, memory, checkpoint problems)."""
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes for a message: 1536 → '1.5 KiB'.
+
+    >>> fmt_bytes(3 * 2**30)
+    '3.0 GiB'
+    """
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n} B"

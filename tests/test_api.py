@@ -3,7 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from placer.api import Placement, random_placement, resolve_placement, round_robin_placement, single_placement
+from placer.placement import Placement, random_placement, round_robin_placement, single_placement
+from placer.problem import resolve_placement
 from placer.errors import PlacementError
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import Cluster, Device
@@ -95,3 +96,32 @@ def test_retrace_reports_matched_ops():
     devices = {op.name: op.device for op in cf.graph.get_operations()}
     assert devices["mm"].endswith("CPU:0")
     assert df.unmatched == ["r"] and df.matched == len(names) - 1
+
+
+def test_retrace_keeps_layers_apart():
+    """A drifted name is matched within its own layer: `dense_1/*` never takes the device of `dense/*`."""
+    from placer.placement import DeviceFunction
+
+    p = Placement({"dense/MatMul": "/GPU:0", "dense/BiasAdd": "/GPU:0",
+                   "dense_1/MatMul": "/GPU:1", "dense_1/BiasAdd": "/GPU:1"}, ["/GPU:0", "/GPU:1"])
+    df = DeviceFunction(p)
+    assert df.device_for("dense_1/MatMul") == "/GPU:1"
+    assert df.device_for("dense_1/MatMul_3") == "/GPU:1"     # the op renamed within dense_1
+    assert df.device_for("dense/BiasAdd_1") == "/GPU:0"
+    assert df.device_for("dense_2/MatMul") is None           # dense and dense_1 differ: ambiguous, not guessed
+    same = DeviceFunction(Placement({"dense/MatMul": "/GPU:0", "dense_1/MatMul": "/GPU:0"}, ["/GPU:0"]))
+    assert same.device_for("dense_7/MatMul") == "/GPU:0"     # unambiguous: every layer of that name agrees
+
+    import tensorflow as tf
+
+    def two_layers(x):
+        with tf.name_scope("dense"):
+            h = tf.matmul(x, x, name="MatMul")
+        with tf.name_scope("dense_1"):
+            return tf.matmul(h, h, name="MatMul_1")            # a name this placement does not hold exactly
+
+    spec = tf.TensorSpec([2, 2])
+    p = Placement({"dense/MatMul": "/CPU:0", "dense_1/MatMul": "/CPU:1"}, ["/CPU:0", "/CPU:1"])
+    cf, df = p.retrace(two_layers, spec)
+    devices = {op.name: op.device for op in cf.graph.get_operations()}
+    assert devices["dense/MatMul"].endswith("CPU:0") and devices["dense_1/MatMul_1"].endswith("CPU:1")

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import placer
-from placer.api import Placement
+from placer.placement import Placement
 
 
 @pytest.fixture(scope="module")

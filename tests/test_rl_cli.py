@@ -57,10 +57,10 @@ def test_search_cli_bad_input(tmp_path, capsys):
     assert s["updates"] == 0 and s["stop_reason"] == "one_device"
 
 
-def test_search_graph_model_too_big_names_memory():
+def test_problem_model_too_big_names_memory():
     from placer.errors import SearchError
     from placer.graphs.opgraph import OpGraph
-    from placer.rl.commands import search_graph
+    from placer.problem import build_problem
     from placer.sim.cluster import make_cluster, make_device
 
     g = OpGraph.build([("v", "VariableV2", 8), ("r", "Identity", 8)], [("v", "r")])
@@ -69,4 +69,4 @@ def test_search_graph_model_too_big_names_memory():
                        make_device("/GPU:1", "K80", memory_bytes=2**30, reserve_bytes=0),
                        make_device("/CPU:0", "cpu", memory_bytes=2**36)])
     with pytest.raises(SearchError, match=r"needs at least 6\.0 GiB .* hold 2\.0 GiB together \(/GPU:0 1\.0 GiB"):
-        search_graph(g, cluster=cl, budget_seconds=10, costs=np.ones((2, 3)))
+        build_problem(g, cl, costs=np.ones((2, 3)))

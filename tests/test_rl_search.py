@@ -18,7 +18,7 @@ pytest.importorskip("tensorflow")
 
 from placer.errors import SearchError  # noqa: E402
 from placer.rl.reinforce import ReinforceConfig  # noqa: E402
-from placer.rl.search import Search, run_search  # noqa: E402
+from placer.rl.search import Search, run_loop  # noqa: E402
 from placer.sim.evaluator import Evaluator, Outcome  # noqa: E402
 
 DEVICES = ["/GPU:0", "/GPU:1", "/GPU:2", "/CPU:0"]
@@ -86,7 +86,7 @@ COLD = dict(SMALL, noise_scale=0.5, imitation_steps=0)
 def test_search_beats_baseline_and_reaches_optimum(tmp_path):
     gr, ev = _setup()
     single = gr.expand(np.zeros(gr.num_groups, int), CPU)
-    res = run_search(gr, ev, budget_seconds=120, max_updates=150, patience=None, seed=0, out_dir=tmp_path,
+    res = run_loop(gr, ev, budget_seconds=120, max_updates=150, patience=None, seed=0, out_dir=tmp_path,
                      baselines={"single_gpu": single}, cpu_index=CPU, progress=False,
                      config=ReinforceConfig(seed=0, **COLD), device_capacity=[1e9] * 4)
     assert res.baselines["single_gpu"] == pytest.approx(ev.evaluate([single])[0].step_time)
@@ -98,7 +98,7 @@ def test_search_beats_baseline_and_reaches_optimum(tmp_path):
     assert res.updates == len(res.history) and res.evaluations == 1 + 16 * res.updates
     rows = res.history
     assert all(rows[i]["best_s"] >= rows[i + 1]["best_s"] for i in range(len(rows) - 1))
-    for f in ("curve.png", "checkpoint/state.pkl"):
+    for f in ("curve.png", "checkpoint/state.json"):
         assert (tmp_path / f).exists(), f
     assert any((tmp_path / "tb").iterdir())
 
@@ -117,28 +117,28 @@ def test_warm_start_imitates_best_baseline():
 def test_baseline_floor_and_stopping_rules():
     gr, ev = _setup()
     perfect = ev.target_ops.copy()
-    res = run_search(gr, ev, budget_seconds=60, max_updates=3, baselines={"expert": perfect}, cpu_index=CPU,
+    res = run_loop(gr, ev, budget_seconds=60, max_updates=3, baselines={"expert": perfect}, cpu_index=CPU,
                      progress=False, config=ReinforceConfig(**SMALL))
     assert res.source == "expert" and res.step_time == 1.0     # never worse than the best baseline
     assert res.updates == 3 and res.stop_reason == "max_updates"
     assert res.search_best >= 1.0
-    res = run_search(gr, ev, budget_seconds=60, max_updates=100, patience=2, cpu_index=CPU, progress=False,
+    res = run_loop(gr, ev, budget_seconds=60, max_updates=100, patience=2, cpu_index=CPU, progress=False,
                      config=ReinforceConfig(**SMALL))
     assert res.stop_reason in ("patience", "max_updates") and res.updates < 100
     t0 = time.perf_counter()
     slow = ToyEvaluator(ev.target_ops, delay=0.3)
-    res = run_search(gr, slow, budget_seconds=1.0, cpu_index=CPU, progress=False, config=ReinforceConfig(**SMALL))
+    res = run_loop(gr, slow, budget_seconds=1.0, cpu_index=CPU, progress=False, config=ReinforceConfig(**SMALL))
     assert res.stop_reason == "budget" and time.perf_counter() - t0 < 30
 
 
 def test_bad_input_budget_and_one_device():
     gr, ev = _setup()
     with pytest.raises(SearchError, match="budget must be positive"):
-        run_search(gr, ev, budget_seconds=0, cpu_index=CPU, progress=False)
+        run_loop(gr, ev, budget_seconds=0, cpu_index=CPU, progress=False)
     # one allowed device per group: no search, returns at once
     allowed = np.zeros((gr.num_groups, 4), bool)
     allowed[:, CPU] = True
-    res = run_search(gr, ev, budget_seconds=60, cpu_index=CPU, allowed=allowed, progress=False)
+    res = run_loop(gr, ev, budget_seconds=60, cpu_index=CPU, allowed=allowed, progress=False)
     assert res.stop_reason == "one_device" and res.updates == 0 and ev.calls == 1
     assert (res.placement == CPU).all()
 
@@ -149,7 +149,7 @@ def test_nothing_fits_names_memory():
     allowed[:, :3] = True
     allowed[0] = [False, False, False, True]
     with pytest.raises(SearchError, match=r"needs .* on /GPU:\d, which holds"):
-        run_search(gr, ev, budget_seconds=60, max_updates=2, allowed=allowed, cpu_index=CPU, progress=False,
+        run_loop(gr, ev, budget_seconds=60, max_updates=2, allowed=allowed, cpu_index=CPU, progress=False,
                    baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)},
                    config=ReinforceConfig(**SMALL), device_capacity=[100, 100, 100, 10**6])
 
@@ -157,7 +157,7 @@ def test_nothing_fits_names_memory():
 def test_resume_continues_from_checkpoint(tmp_path):
     gr, ev = _setup()
     kw = dict(cpu_index=CPU, progress=False, config=ReinforceConfig(seed=1, **SMALL), checkpoint_every=4)
-    first = run_search(gr, ev, budget_seconds=120, max_updates=8, out_dir=tmp_path, **kw)
+    first = run_loop(gr, ev, budget_seconds=120, max_updates=8, out_dir=tmp_path, **kw)
     assert first.updates == 8
     # a fresh Search from the directory continues: same best so far, update count continues
     s = Search(gr, ev, out_dir=tmp_path, **{k: v for k, v in kw.items()})
@@ -169,10 +169,10 @@ def test_resume_continues_from_checkpoint(tmp_path):
     assert [r["update"] for r in res.history] == list(range(1, 13))
     assert res.step_time <= first.step_time
     with pytest.raises(SearchError, match="no checkpoint"):
-        run_search(gr, ev, budget_seconds=10, out_dir=tmp_path / "nothing", resume=True, **kw)
+        run_loop(gr, ev, budget_seconds=10, out_dir=tmp_path / "nothing", resume=True, **kw)
     other = ToyGrouping(np.r_[CPU, np.zeros(7, int)])
     with pytest.raises(SearchError, match="another grouping"):
-        run_search(other, ev, budget_seconds=10, out_dir=tmp_path, resume=True, **kw)
+        run_loop(other, ev, budget_seconds=10, out_dir=tmp_path, resume=True, **kw)
 
 
 _CHILD = textwrap.dedent("""
@@ -180,9 +180,9 @@ _CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_rl_search import _setup, SMALL, CPU
     from placer.rl.reinforce import ReinforceConfig
-    from placer.rl.search import run_search
+    from placer.rl.search import run_loop
     gr, ev = _setup()
-    run_search(gr, ev, budget_seconds=600, max_updates=10**6, out_dir={out!r}, cpu_index=CPU, progress=False,
+    run_loop(gr, ev, budget_seconds=600, max_updates=10**6, out_dir={out!r}, cpu_index=CPU, progress=False,
                config=ReinforceConfig(seed=2, **SMALL), checkpoint_every=3, resume={resume})
 """)
 
@@ -193,15 +193,13 @@ def test_resume_after_sigkill(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     code = _CHILD.format(tests=str(Path(__file__).parent), out=str(out), resume=False)
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.DEVNULL)
-    ckpt = out / "checkpoint" / "state.pkl"
+    ckpt = out / "checkpoint" / "state.json"
     try:
         deadline = time.time() + 240
-        import pickle
-
         while time.time() < deadline:
             if ckpt.exists():
                 try:
-                    st = pickle.loads(ckpt.read_bytes())
+                    st = json.loads(ckpt.read_text())
                 except Exception:
                     st = None
                 if st and st["updates"] >= 6:
@@ -213,7 +211,7 @@ def test_resume_after_sigkill(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    st = pickle.loads(ckpt.read_bytes())
+    st = json.loads(ckpt.read_text())
     done = st["updates"]
     assert done >= 6 and done % 3 == 0
     gr, ev = _setup()
@@ -223,6 +221,29 @@ def test_resume_after_sigkill(tmp_path):
     assert res.updates == done + 2 and res.history[-1]["update"] == done + 2
     assert res.step_time <= st["best_time"]
     json.dumps(res.summary())   # the summary is plain JSON
+
+
+def test_checkpoint_is_data_and_bad_ones_get_one_line(tmp_path):
+    """The checkpoint is JSON + an npz without object arrays; an old pickled one, a corrupt one and one whose
+    arrays file is missing are each refused with a SearchError naming the file."""
+    gr, ev = _setup()
+    kw = dict(cpu_index=CPU, progress=False, config=ReinforceConfig(seed=1, **SMALL))
+    run_loop(gr, ev, budget_seconds=60, max_updates=2, out_dir=tmp_path, **kw)
+    ck = tmp_path / "checkpoint"
+    state = json.loads((ck / "state.json").read_text())
+    with np.load(ck / state["arrays"], allow_pickle=False) as z:      # loads without pickle
+        assert any(k.startswith("policy/") for k in z.files) and "best_placement" in z.files
+    assert sorted(p.name for p in ck.glob("arrays-*.npz")) == [state["arrays"]]   # older arrays removed
+    (ck / "state.json").write_text('{"format": 2, "arr')
+    with pytest.raises(SearchError, match=r"cannot read checkpoint .*state.json"):
+        Search(gr, ev, out_dir=tmp_path, **kw).load_checkpoint()
+    (ck / "state.json").write_text(json.dumps({**state, "arrays": "gone.npz"}))
+    with pytest.raises(SearchError, match=r"cannot read checkpoint .*state.json"):
+        Search(gr, ev, out_dir=tmp_path, **kw).load_checkpoint()
+    (ck / "state.json").unlink()
+    (ck / "state.pkl").write_bytes(b"\x80\x04K\x01.")
+    with pytest.raises(SearchError, match=r"state.pkl is in an old format \(a pickle\)"):
+        Search(gr, ev, out_dir=tmp_path, **kw).load_checkpoint()
 
 
 def test_elite_steps_refit_policy_to_new_best():

@@ -147,7 +147,7 @@ def test_grappler_agreement_single_gpu_tf_graph(tmp_path):
     cl = parse_cluster("2xK80")
     t = analytical_costs(og, cl)
     assert t.source == "analytical:grappler+roofline" and t.meta["grappler_coverage"]["K80"] > 0.9
-    from placer.api import single_placement
+    from placer.placement import single_placement
 
     p = single_placement(og, cl)
     sim_t = Simulator(og, cl, t).simulate(p).step_time
@@ -173,7 +173,7 @@ def test_placer_simulate_cli_json(tmp_path, capsys):
     assert main(["simulate", str(meta), "--cluster", "4xK81"]) == 2
     assert "K81" in capsys.readouterr().err
     # a placement file for another graph
-    from placer.api import Placement
+    from placer.placement import Placement
 
     other = OpGraph.build([("x", "X", 8)], name="other")
     pf = tmp_path / "other.json"
@@ -209,7 +209,7 @@ def _models_available() -> bool:
 ])
 def test_grappler_agreement_models(model, size):
     """Every op on one GPU (CPU-only ops on /CPU:0 in both): simulated step within 5% of Grappler's."""
-    from placer.api import single_placement
+    from placer.placement import single_placement
     from placer.graphs.models import build_model
 
     g = build_model(model, size=size)
@@ -226,7 +226,7 @@ def test_grappler_agreement_models(model, size):
 @pytest.mark.slow
 @pytest.mark.skipif(not _models_available(), reason="built-in models not available")
 def test_random_4way_inception_slower_than_one_gpu():
-    from placer.api import random_placement, single_placement
+    from placer.placement import random_placement, single_placement
     from placer.graphs.models import build_model
 
     g = build_model("inception_v3")

@@ -18,22 +18,15 @@ whose cost is `inf` on every GPU) go to `cluster.cpu_index`; all other ops go to
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from placer.errors import CostTableError, PlacementError
+from placer.errors import CostTableError, PlacementError, fmt_bytes
 from placer.graphs.opgraph import OpGraph, aliases_variable
 from placer.sim.cluster import Cluster
-
-
-def _fmt_bytes(b: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(b) < 1024 or unit == "TiB":
-            return f"{b:.1f} {unit}" if unit != "B" else f"{int(b)} B"
-        b /= 1024.0
-    return f"{b} B"  # pragma: no cover
 
 
 def stand_in_costs(graph: OpGraph, cluster: Cluster) -> np.ndarray:
@@ -141,8 +134,6 @@ def gradient_groups(graph: OpGraph, group: np.ndarray, allowed: np.ndarray) -> n
     return new.astype(np.int64)
 
 
-
-
 @dataclass
 class MemoryModel:
     """Per-op resident bytes and the long-lived tensors each op reads (see `op_memory`).
@@ -202,7 +193,24 @@ def op_memory(graph: OpGraph) -> MemoryModel:
     return MemoryModel(pers + saved, headroom, kin_ptr, et[sel][order])
 
 
+_CALIBRATED: dict[tuple, MemoryModel] = {}   # calibrations done (few: one per graph x cluster x costs)
+
+
 def calibrated(mm: MemoryModel, graph: OpGraph, cluster: Cluster, cost: np.ndarray,
+               allowed: np.ndarray) -> MemoryModel:
+    """`_calibrate`, done once per (graph, cluster, cost matrix, allowed devices): every baseline of a
+    problem, and both tries of `with_gradient_fallback`, share one simulation."""
+    key = (id(graph), graph.fingerprint, cluster.name, tuple(cluster.device_names),
+           hashlib.sha1(np.ascontiguousarray(cost)).hexdigest(),
+           hashlib.sha1(np.packbits(np.ascontiguousarray(allowed))).hexdigest(), allowed.shape)
+    if key not in _CALIBRATED:
+        if len(_CALIBRATED) >= 16:
+            _CALIBRATED.pop(next(iter(_CALIBRATED)))
+        _CALIBRATED[key] = _calibrate(mm, graph, cluster, cost, allowed)
+    return _CALIBRATED[key]
+
+
+def _calibrate(mm: MemoryModel, graph: OpGraph, cluster: Cluster, cost: np.ndarray,
                allowed: np.ndarray) -> MemoryModel:
     """Scale the model's activation bytes so that its one-device total equals the simulator's peak for the
     single-device placement (same cost matrix). An additive per-op model cannot see *when* tensors die: with
@@ -388,9 +396,9 @@ def memory_error(p: Problem, g: int, used: np.ndarray, devices, what: str, need=
     nb = int(need_d[devices[best]]) if devices else int(need_d[0])
     return PlacementError(
         f"{what}: op {p.graph.names[op]!r} (co-location group of {int((p.group == g).sum())} ops) needs "
-        f"{_fmt_bytes(nb)} on {dev_name} but only {_fmt_bytes(max(int(free[best]), 0))} is free there (the "
-        f"closest fit); the model needs about {_fmt_bytes(int(p.mem.sum()))} and the devices hold "
-        f"{_fmt_bytes(int(p.capacity[devices].sum()) if devices else 0)}")
+        f"{fmt_bytes(nb)} on {dev_name} but only {fmt_bytes(max(int(free[best]), 0))} is free there (the "
+        f"closest fit); the model needs about {fmt_bytes(int(p.mem.sum()))} and the devices hold "
+        f"{fmt_bytes(int(p.capacity[devices].sum()) if devices else 0)}")
 
 
 def memory_use(p: Problem, placement: np.ndarray) -> np.ndarray:
@@ -432,8 +440,8 @@ def check_placement(p: Problem, placement: np.ndarray, *, check_memory: bool = F
         over = np.flatnonzero(use > p.capacity)
         if len(over):
             d = int(over[0])
-            raise PlacementError(f"{what}: {p.cluster.devices[d].name} needs {_fmt_bytes(use[d])} but holds "
-                                 f"{_fmt_bytes(p.capacity[d])}")
+            raise PlacementError(f"{what}: {p.cluster.devices[d].name} needs {fmt_bytes(use[d])} but holds "
+                                 f"{fmt_bytes(p.capacity[d])}")
     return a
 
 
@@ -519,8 +527,8 @@ def rebalance_memory(prob: Problem, group_device: np.ndarray, what: str) -> np.n
         if used[d] > prob.capacity[d]:
             need, have = int(prob.mem.sum()), int(prob.capacity[gpus].sum())
             raise PlacementError(f"{what}: cannot fit the model in GPU memory: {prob.cluster.devices[d].name} "
-                                 f"still needs {_fmt_bytes(used[d])} of {_fmt_bytes(prob.capacity[d])} after "
-                                 f"re-balancing (model {_fmt_bytes(need)}, GPUs hold {_fmt_bytes(have)})")
+                                 f"still needs {fmt_bytes(used[d])} of {fmt_bytes(prob.capacity[d])} after "
+                                 f"re-balancing (model {fmt_bytes(need)}, GPUs hold {fmt_bytes(have)})")
     return gd
 
 

@@ -1,7 +1,7 @@
 """The placement search: baselines as the floor, then REINFORCE updates until a budget runs out, with
 best-so-far tracking, checkpoints that survive `kill -9`, a progress bar, TensorBoard events and `curve.png`.
 
-    result = run_search(grouping, evaluator, budget_seconds=60, baselines={"single_gpu": single},
+    result = run_loop(grouping, evaluator, budget_seconds=60, baselines={"single_gpu": single},
                         cpu_index=cluster.cpu_index, out_dir="out")
     result.placement     # op→device int array: the best of the baselines and of every sampled placement
     result.search_best   # the best step time the policy itself sampled (no baseline floor)
@@ -23,10 +23,10 @@ Bad input:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
-import pickle
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -35,16 +35,17 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from placer.errors import SearchError
+from placer.errors import SearchError, fmt_bytes
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "state.pkl"
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FILE = "state.json"    # scalars, lists, dicts; names the npz that holds the arrays
+CHECKPOINT_FORMAT = 2             # 1 was a pickle (state.pkl): refused with a one-line error
+OLD_CHECKPOINT_FILE = "state.pkl"
 
 
 @dataclass
-class SearchResult:
+class LoopResult:
     """What a search returns. Times in seconds; placements are op→device index arrays."""
     placement: np.ndarray                       # the returned placement (never worse than the best baseline)
     step_time: float                            # its step time
@@ -60,6 +61,7 @@ class SearchResult:
     devices: list[str] = field(default_factory=list)
     failure_step_time: float = float("nan")     # the step time charged to failed placements
     search_best_groups: np.ndarray | None = None  # group→device of the best sampled placement
+    baseline_failures: dict[str, str] = field(default_factory=dict)   # name → why its evaluation failed
 
     def summary(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time, "source": self.source,
@@ -94,12 +96,16 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n} B"
+def _json_num(x):
+    """A float for JSON: inf/nan as strings (JSON has no such numbers)."""
+    if isinstance(x, (float, np.floating)) and not np.isfinite(x):
+        return str(float(x))
+    return float(x) if isinstance(x, np.floating) else x
+
+
+def _num_json(x):
+    """Inverse of `_json_num`."""
+    return float(x) if isinstance(x, str) and x in ("inf", "-inf", "nan") else x
 
 
 class Search:
@@ -149,6 +155,7 @@ class Search:
         self._agent = None
         # search state (everything below is checkpointed)
         self.baselines: dict[str, float | None] = {}
+        self.baseline_failures: dict[str, str] = {}   # name → why its evaluation failed
         self.best_time = float("inf")
         self.best_placement: np.ndarray | None = None
         self.best_source = ""
@@ -191,61 +198,115 @@ class Search:
 
     def save_checkpoint(self) -> None:
         """Everything needed to continue: policy weights, Adam state, EMA baseline, RNG state, best placement,
-        history and counters. Written to a temp file and renamed (a kill leaves the previous checkpoint)."""
+        history and counters. Data only, never code: the arrays go to an npz (no object arrays), the rest to
+        JSON (`state.json`, naming its npz). The npz is written first under a new name, then the JSON is
+        replaced atomically, then the older npz is removed: a kill at any point leaves a consistent checkpoint."""
         path = self.checkpoint_path
         if path is None:
             return
+        arrays: dict[str, np.ndarray] = {}
+
+        def arr(key: str, a) -> str | None:
+            if a is None:
+                return None
+            arrays[key] = np.asarray(a)
+            return key
+
+        agent = None
+        if self._agent is not None:
+            st = self.agent.get_state()
+            agent = {"policy": {k: arr(f"policy/{k}", v) for k, v in st["policy"].items()},
+                     "optimizer": [arr(f"optimizer/{i}", v) for i, v in enumerate(st["optimizer"])],
+                     "baseline": _json_num(st["baseline"]), "updates": int(st["updates"]),
+                     "imitation_rng": st.get("imitation_rng")}
         state = {
-            "format": CHECKPOINT_FORMAT, "fingerprint": self.fingerprint, "devices": self.devices,
-            "agent": self.agent.get_state() if (self._agent is not None) else None,
-            "baselines": self.baselines, "baselines_done": self.baselines_done,
-            "best_time": self.best_time, "best_placement": self.best_placement, "best_source": self.best_source,
-            "search_best": self.search_best, "search_best_placement": self.search_best_placement,
-            "search_best_groups": self.search_best_groups, "history": self.history,
+            "format": CHECKPOINT_FORMAT, "fingerprint": self.fingerprint, "devices": self.devices, "agent": agent,
+            "baselines": self.baselines, "baseline_failures": self.baseline_failures,
+            "baselines_done": self.baselines_done,
+            "best_time": _json_num(self.best_time), "best_placement": arr("best_placement", self.best_placement),
+            "best_source": self.best_source, "search_best": _json_num(self.search_best),
+            "search_best_placement": arr("search_best_placement", self.search_best_placement),
+            "search_best_groups": arr("search_best_groups", self.search_best_groups),
+            "history": [{k: _json_num(v) for k, v in r.items()} for r in self.history],
             "evaluations": self.evaluations, "updates": self.updates, "wall_s": self.wall_s(),
-            "since_improvement": self.since_improvement, "failure_step_time": self.failure_step_time,
-            "imitated": self.imitated, "start_groups": self.start_groups, "elite_groups": self.elite_groups,
-            "elite_time": self.elite_time, "since_elite": self.since_elite, "restarts": self.restarts,
-            "allowed": self.allowed, "config": self.config.to_dict(), "oom_seen": self._oom_seen[-64:],
+            "since_improvement": self.since_improvement, "failure_step_time": _json_num(self.failure_step_time),
+            "imitated": self.imitated, "start_groups": arr("start_groups", self.start_groups),
+            "elite_groups": arr("elite_groups", self.elite_groups), "elite_time": _json_num(self.elite_time),
+            "since_elite": self.since_elite, "restarts": self.restarts, "allowed": arr("allowed", self.allowed),
+            "config": self.config.to_dict(), "oom_seen": [list(x) for x in self._oom_seen[-64:]],
         }
-        _atomic_write_bytes(path, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+        self._saves = getattr(self, "_saves", 0) + 1
+        npz = f"arrays-{os.getpid()}-{self._saves}.npz"
+        state["arrays"] = npz
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        _atomic_write_bytes(path.parent / npz, buf.getvalue())
+        _atomic_write_bytes(path, json.dumps(state).encode())
+        for old in path.parent.glob("arrays-*.npz"):
+            if old.name != npz:
+                old.unlink(missing_ok=True)
 
     def load_checkpoint(self) -> bool:
-        """Restore from out_dir/checkpoint; False when there is none."""
+        """Restore from out_dir/checkpoint; False when there is none. A corrupt, foreign or old-format
+        (pickled) checkpoint is a SearchError naming the file."""
         path = self.checkpoint_path
-        if path is None or not path.exists():
+        if path is None:
+            return False
+        if not path.exists():
+            old = path.parent / OLD_CHECKPOINT_FILE
+            if old.exists():
+                raise SearchError(f"checkpoint {old} is in an old format (a pickle) that this placer does not "
+                                  "read: start a new search")
             return False
         try:
-            with open(path, "rb") as f:
-                state = pickle.load(f)
+            state = json.loads(path.read_text())
+            with np.load(path.parent / state["arrays"], allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
         except Exception as e:  # truncated/corrupt file: name it
-            raise SearchError(f"cannot read checkpoint {path}: {e}") from None
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise SearchError(f"checkpoint {path} has format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
+            raise SearchError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise SearchError(f"checkpoint {path} has format {state.get('format') if isinstance(state, dict) else '?'}"
+                              f", expected {CHECKPOINT_FORMAT}")
         if state["fingerprint"] != self.fingerprint:
             raise SearchError(f"checkpoint {path} was made for another grouping of the graph "
                               f"(fingerprint {state['fingerprint'][:12]} != {self.fingerprint[:12]})")
         if list(state["devices"]) != self.devices:
             raise SearchError(f"checkpoint {path} was made for devices {state['devices']}, not {self.devices}")
+
+        def arr(key):
+            if key is None:
+                return None
+            if key not in arrays:
+                raise SearchError(f"checkpoint {path}: array {key!r} is missing from {state['arrays']}")
+            return arrays[key]
+
         from placer.rl.reinforce import ReinforceConfig
 
         self.config = ReinforceConfig(**state["config"])
-        self.allowed = np.asarray(state["allowed"], bool)
+        self.allowed = np.asarray(arr(state["allowed"]), bool)
         self._agent = None
         if state["agent"] is not None:
-            self.agent.set_state(state["agent"])
-        for k in ("baselines", "baselines_done", "best_time", "best_placement", "best_source", "search_best",
-                  "search_best_placement", "search_best_groups", "history", "evaluations", "updates",
-                  "since_improvement", "failure_step_time"):
+            a = state["agent"]
+            rng = a.get("imitation_rng")
+            try:
+                self.agent.set_state({"policy": {k: arr(v) for k, v in a["policy"].items()},
+                                      "optimizer": [arr(v) for v in a["optimizer"]],
+                                      "baseline": _num_json(a["baseline"]), "updates": a["updates"],
+                                      **({"imitation_rng": rng} if rng is not None else {})})
+            except (KeyError, ValueError) as e:
+                raise SearchError(f"checkpoint {path} does not match this policy: {e}") from None
+        for k in ("baselines", "baselines_done", "best_source", "evaluations", "updates", "since_improvement",
+                  "imitated", "since_elite", "restarts"):
             setattr(self, k, state[k])
-        self._oom_seen = list(state.get("oom_seen", []))
-        self.imitated = state.get("imitated", "")
-        # checkpoints from before restarts: the run's elite is the search's best
-        self.start_groups = state.get("start_groups")
-        self.elite_groups = state.get("elite_groups", self.search_best_groups)
-        self.elite_time = float(state.get("elite_time", self.search_best))
-        self.since_elite = int(state.get("since_elite", self.since_improvement))
-        self.restarts = int(state.get("restarts", 0))
+        for k in ("best_time", "search_best", "elite_time"):
+            setattr(self, k, float(_num_json(state[k])))
+        f = state["failure_step_time"]
+        self.failure_step_time = None if f is None else float(_num_json(f))
+        for k in ("best_placement", "search_best_placement", "search_best_groups", "start_groups", "elite_groups"):
+            setattr(self, k, arr(state[k]))
+        self.history = [{k: _num_json(v) for k, v in r.items()} for r in state["history"]]
+        self._oom_seen = [tuple(x) for x in state.get("oom_seen", [])]
+        self.baseline_failures = dict(state.get("baseline_failures", {}))
         self.wall_before = float(state["wall_s"])
         self._t_start = time.perf_counter()
         return True
@@ -275,6 +336,8 @@ class Search:
             self._note_oom(outcomes)
             for n, o in zip(names, outcomes):
                 self.baselines[n] = None if o.failed or not np.isfinite(o.step_time) else float(o.step_time)
+                if self.baselines[n] is None:
+                    self.baseline_failures[n] = o.reason or "no step time"
                 if self.baselines[n] is not None:
                     self._consider(self.baseline_placements[n], o.step_time, n)
             # reference for the failure reward: the single-device time (simulated even when it OOMs)
@@ -415,27 +478,28 @@ class Search:
         return path
 
     # ------------------------------------------------------------------ the loop
-    def _result(self, stop_reason: str) -> SearchResult:
+    def _result(self, stop_reason: str) -> LoopResult:
         if self.best_placement is None:
             raise self._nothing_fits()
-        return SearchResult(placement=self.best_placement, step_time=self.best_time, source=self.best_source,
+        return LoopResult(placement=self.best_placement, step_time=self.best_time, source=self.best_source,
                             search_best=self.search_best, search_best_placement=self.search_best_placement,
                             baselines=dict(self.baselines), history=list(self.history),
                             evaluations=self.evaluations, updates=self.updates, wall_s=self.wall_s(),
                             stop_reason=stop_reason, devices=self.devices,
                             failure_step_time=float(self.failure_step_time or float("nan")),
-                            search_best_groups=self.search_best_groups)
+                            search_best_groups=self.search_best_groups,
+                            baseline_failures=dict(self.baseline_failures))
 
     def _nothing_fits(self) -> SearchError:
         tried = f"{len(self.baselines)} baseline(s) and {self.evaluations - len(self.baselines)} sampled placement(s)"
         if self._oom_seen:
             ratio, d, used, cap = min(self._oom_seen)
             return SearchError(
-                f"no placement fits in memory ({tried} tried): the best one still needs {_fmt_bytes(used)} on "
-                f"{self.devices[d]}, which holds {_fmt_bytes(cap)}; use devices with more memory or more devices")
+                f"no placement fits in memory ({tried} tried): the best one still needs {fmt_bytes(used)} on "
+                f"{self.devices[d]}, which holds {fmt_bytes(cap)}; use devices with more memory or more devices")
         return SearchError(f"no placement could be evaluated successfully ({tried} tried, all failed)")
 
-    def run(self, budget_seconds: float, max_updates: int | None = None, patience: int | None = None) -> SearchResult:
+    def run(self, budget_seconds: float, max_updates: int | None = None, patience: int | None = None) -> LoopResult:
         """Search until the budget, `max_updates` total updates, or `patience` updates without a new best."""
         if budget_seconds is None or not budget_seconds > 0:
             raise SearchError(f"search budget must be positive, got {budget_seconds} s "
@@ -518,7 +582,7 @@ class Search:
             bar.close()
         return self._finish(stop)
 
-    def _finish(self, stop: str) -> SearchResult:
+    def _finish(self, stop: str) -> LoopResult:
         self.save_checkpoint()
         if self._writer is not None:
             self._writer.flush()
@@ -530,16 +594,16 @@ class Search:
         return self._result(stop)
 
 
-def run_search(grouping, evaluator, *, budget_seconds: float = 300.0, max_updates: int | None = None,
+def run_loop(grouping, evaluator, *, budget_seconds: float = 300.0, max_updates: int | None = None,
                patience: int | None = None, seed: int = 0, out_dir: str | os.PathLike | None = None,
                baselines: Mapping[str, np.ndarray] | None = None, progress: bool = True,
                cpu_index: int | None = None, allowed: np.ndarray | None = None, config=None,
                checkpoint_every: int = 10, device_capacity: Sequence[float] | None = None,
-               resume: bool = False) -> SearchResult:
+               resume: bool = False) -> LoopResult:
     """Run (or, with resume=True, continue from out_dir/checkpoint) a REINFORCE placement search.
 
     Example (a toy evaluator; see tests/test_rl_search.py):
-        >>> res = run_search(grouping, evaluator, budget_seconds=30, max_updates=20,
+        >>> res = run_loop(grouping, evaluator, budget_seconds=30, max_updates=20,
         ...                  baselines={"single_gpu": np.zeros(n_ops, int)})   # doctest: +SKIP
         >>> res.step_time <= res.baselines["single_gpu"]                         # doctest: +SKIP
         True

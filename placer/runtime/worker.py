@@ -184,7 +184,7 @@ class MeasurerServicer:
                       f"graph {fp[:16]} is not loaded on this worker (send LoadGraph first)")
 
     def Health(self, request, context):  # noqa: N802
-        from placer import __version__
+        from placer._version import __version__
         from placer.runtime import placer_pb2
 
         seen = next((r.available for r in self._runners.values() if r.available), None)

@@ -11,18 +11,18 @@ import json
 import logging
 import sys
 
-from placer import __version__
+from placer._version import __version__
 
 # subcommand -> "module:function(args) -> int"
 COMMANDS = {
-    "inspect": "placer.commands:run_inspect",
-    "simulate": "placer.sim.commands:run_simulate",
-    "search": "placer.rl.commands:run_search",
+    "inspect": "placer.cli.inspect:run_inspect",
+    "simulate": "placer.cli.simulate:run_simulate",
+    "search": "placer.cli.search:run_search",
     "measure": "placer.runtime.commands:run_measure",
     "profile": "placer.runtime.commands:run_profile",
     "worker": "placer.runtime.commands:run_worker",
-    "bench": "placer.baselines.bench:run_bench",
-    "demo": "placer.commands:run_demo",
+    "bench": "placer.cli.bench:run_bench",
+    "demo": "placer.cli.inspect:run_demo",
 }
 
 

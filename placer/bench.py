@@ -1,12 +1,12 @@
 """`placer bench`: every baseline and the learned search per cell (model × GPU count), the paper's table.
 
-For each cell: build the model (`placer.graphs.models.build_model(name, size)`), the cluster `NxKIND`, the
-cost table and ONE simulator; run every baseline of `placer.baselines.BASELINES` and simulate each with that
-simulator (null when it runs out of memory or cannot be built); run the learned search with the same cost
-table (`placer.api.place`, budget seconds per cell) and re-simulate its returned placement with the same
-simulator. After each cell `DIR/results.json` (a list of cells, keys as in CLI.md) is rewritten, so a rerun
-skips the cells already there with the same settings; then `DIR/RESULTS.md` and the figures are regenerated
-from results.json.
+For each cell: build the model (`placer.graphs.models.build_model(name, size)`) and ONE `PlacementProblem` on
+the cluster `NxKIND` (cost table, simulator, grouping, and every baseline of `placer.baselines.BASELINES`
+computed once); simulate each baseline with the problem's simulator (null when it runs out of memory or cannot
+be built, with the reason in `baseline_errors`); run the learned search on the same problem (`placer.search`,
+budget seconds per cell). After each cell `DIR/results.json` (a list of cells, keys as in CLI.md) is
+rewritten, so a rerun skips the cells already there with the same settings; then `DIR/RESULTS.md` and the
+figures are regenerated from results.json. The command-line glue is `placer.cli.bench`.
 
 Cell keys: model, gpus, kind, baselines {name: seconds | null}, rl_s (the placement the search returned:
 never worse than the best baseline it knows), search_best_s (the best the policy itself sampled),
@@ -62,29 +62,18 @@ def _machine() -> str:
     return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
-def evaluate_baselines(graph, cluster, costs, sim, seed: int = 0) -> tuple[dict, dict, dict, dict]:
-    """Run and simulate every baseline. Returns (step seconds | None, wall seconds, error reasons, placements)."""
-    from placer.baselines import BASELINES, run_baseline
-
-    times, walls, errors, placements = {}, {}, {}, {}
-    for name in BASELINES:
-        t0 = time.perf_counter()
-        try:
-            pl = run_baseline(name, graph, cluster, costs=costs, seed=seed)
-        except PlacerError as e:
-            times[name], errors[name] = None, str(e)
-            walls[name] = time.perf_counter() - t0
-            log.info("bench: %s cannot be built: %s", name, e)
-            continue
-        walls[name] = time.perf_counter() - t0
-        r = sim.simulate(pl)
-        placements[name] = pl
-        if r.oom:
-            times[name] = None
-            errors[name] = "out of memory on " + ", ".join(r.oom_devices)
+def evaluate_baselines(problem) -> tuple[dict, dict]:
+    """Simulate every baseline of the problem (computed once when it was built). Returns (step seconds | None,
+    error reasons): None when a baseline runs out of memory or could not be built."""
+    times: dict[str, float | None] = {k: None for k in problem.baseline_errors}
+    errors = dict(problem.baseline_errors)
+    names = list(problem.baselines)
+    for name, o in zip(names, problem.simulator.evaluate([problem.baselines[n] for n in names])):
+        if o.failed:
+            times[name], errors[name] = None, o.reason or "failed"
         else:
-            times[name] = float(r.step_time)
-    return times, walls, errors, placements
+            times[name] = float(o.step_time)
+    return times, errors
 
 
 def best_baseline(baselines: dict, names=SPEEDUP_BASELINES) -> tuple[str | None, float | None]:
@@ -97,55 +86,57 @@ def best_baseline(baselines: dict, names=SPEEDUP_BASELINES) -> tuple[str | None,
 
 def run_cell(s: CellSettings, out_dir: Path, *, progress: bool = False) -> dict:
     """One cell of the table (see the module docstring)."""
-    from placer.api import place
     from placer.graphs.models import build_model
-    from placer.sim.cluster import parse_cluster
-    from placer.sim.costs import analytical_costs
-    from placer.sim.simulator import Simulator
+    from placer.problem import build_problem
+    from placer.search import search
 
     graph = build_model(s.model, s.size)
-    cluster = parse_cluster(f"{s.gpus}x{s.kind}")
-    table = analytical_costs(graph, cluster)
-    costs = table.matrix(cluster)
-    sim = Simulator(graph, cluster, costs)
-    lb = float(sim.lower_bound())
-    times, walls, errors, _ = evaluate_baselines(graph, cluster, costs, sim, seed=s.seed)
-    cell_dir = out_dir / f"{s.model}_{s.gpus}x{s.kind}"
-    cell_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    search_error = None
+    problem = build_problem(graph, f"{s.gpus}x{s.kind}", seed=s.seed)
     try:
-        res = place(graph, cluster=cluster, budget_seconds=s.budget, seed=s.seed, costs=costs,
-                    out_dir=str(cell_dir), progress=progress)
-    except PlacerError as e:  # the cell still records the baselines; the table says the search failed
-        log.warning("bench: search failed for %s on %dx%s: %s", s.model, s.gpus, s.kind, e)
-        res, search_error = None, str(e)
-    search_wall = time.perf_counter() - t0
+        times, errors = evaluate_baselines(problem)
+        cell_dir = out_dir / f"{s.model}_{s.gpus}x{s.kind}"
+        cell_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        res, search_error = None, None
+        try:
+            res = search(problem, budget_seconds=s.budget, seed=s.seed, out_dir=str(cell_dir), progress=progress,
+                         model_name=s.model)
+        except PlacerError as e:  # the cell still records the baselines; the table says the search failed
+            log.warning("bench: search failed for %s on %dx%s: %s", s.model, s.gpus, s.kind, e)
+            search_error = str(e)
+        search_wall = time.perf_counter() - t0
+    finally:
+        problem.close()
+    return cell_record(s, problem, times, errors, res, search_wall, search_error, cell_dir)
+
+
+def cell_record(s: CellSettings, problem, times: dict, errors: dict, res, search_wall: float,
+                search_error: str | None, cell_dir: Path) -> dict:
+    """The results.json cell of one search (`res`: a SearchResult, or None when the search failed). rl_s is
+    the placement the search returned (never worse than the best baseline, which is its floor);
+    search_best_s is what the policy itself sampled, reported as it is, above the floor when the policy lost."""
     rl_s, rl_from = None, "search"
     if res is not None:
-        # the returned placement, re-simulated with this cell's simulator
-        r = sim.simulate(res.placement.to_indices(graph, cluster.device_names))
-        rl_s = None if r.oom else float(r.step_time)
-        extra = getattr(res, "extra", None) or {}
-        rl_from = str(extra.get("source", "search"))
+        rl_s = _num(res.step_time)
+        rl_from = str(res.extra.get("source", "search"))
     bname, bval = best_baseline(times)
     if bval is not None and (rl_s is None or bval < rl_s):
-        # the search's baseline floor did not include this baseline: return the better one (and say so)
-        rl_s, rl_from = bval, bname
-    search_best = _num(getattr(res, "search_best", None)) if res is not None else None
-    history = [h for h in (getattr(res, "history", None) or []) if isinstance(h, dict)]
+        rl_s, rl_from = bval, bname          # the search failed: the best baseline is what a user gets
+    history = [h for h in (res.history if res is not None else []) if isinstance(h, dict)]
     (cell_dir / "history.json").write_text(json.dumps(history, default=float))
     return {
         "model": s.model, "gpus": int(s.gpus), "kind": s.kind,
         "baselines": {k: _num(v) for k, v in times.items()},
-        "rl_s": _num(rl_s), "search_best_s": search_best, "lower_bound_s": lb,
-        "search_wall_s": float(search_wall),  # the whole search call: grouping, its baseline floor, updates
-        "search_loop_s": float(getattr(res, "wall_s", 0.0) or 0.0),
+        "rl_s": _num(rl_s), "search_best_s": _num(res.search_best) if res is not None else None,
+        "lower_bound_s": float(problem.lower_bound),
+        "search_wall_s": float(search_wall),  # the search call: its baseline floor, warm start, updates
+        "search_loop_s": float(res.wall_s) if res is not None else 0.0,
         "search_error": search_error,
         "settings": s.key(), "rl_from": rl_from,
-        "baseline_wall_s": {k: round(v, 4) for k, v in walls.items()}, "baseline_errors": errors,
-        "evaluations": int(getattr(res, "evaluations", 0) or 0), "ops": int(graph.num_ops),
-        "cost_source": str(getattr(table, "source", "analytical")),
+        "baseline_wall_s": {k: round(v, 4) for k, v in problem.meta.get("baseline_wall_s", {}).items()},
+        "baseline_errors": errors,
+        "evaluations": int(res.evaluations) if res is not None else 0, "ops": int(problem.graph.num_ops),
+        "cost_source": problem.cost_source,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": _machine(),
     }
@@ -163,69 +154,10 @@ def load_results(path: Path) -> list[dict]:
     return data
 
 
-def _write_json(path: Path, obj) -> None:
+def write_json(path: Path, obj) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(obj, indent=1))
     os.replace(tmp, path)
-
-
-def run_bench(args) -> int:
-    """`placer bench` (CLI.md). Returns the exit code."""
-    models = [m.strip() for m in str(args.models).split(",") if m.strip()]
-    try:
-        gpus = [int(x) for x in str(args.gpus).split(",") if x.strip()]
-    except ValueError:
-        raise SearchError(f"--gpus {args.gpus!r}: expected a comma list of GPU counts, e.g. 2,4") from None
-    if not models or not gpus or min(gpus) < 1:
-        raise SearchError("bench needs at least one model (--models) and GPU counts >= 1 (--gpus)")
-    if args.reward != "sim":
-        raise SearchError("bench --reward measure needs the cells' real GPUs (NxKIND); run `placer search "
-                          "--reward measure` on the machine that has them. bench simulates (--reward sim).")
-    if args.budget <= 0:
-        raise SearchError(f"--budget must be positive seconds per cell, got {args.budget}")
-    from placer.sim.cluster import parse_cluster
-
-    kind = parse_cluster(f"1x{args.kind}").meta.get("gpu_kind", args.kind)  # validates the kind early
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "results.json"
-    results = load_results(path)
-    cells = [CellSettings(m, n, kind, args.size, args.reward, float(args.budget), int(args.seed))
-             for m in models for n in gpus]
-    bar = None
-    if not getattr(args, "no_progress", False):
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(cells), desc="bench", unit="cell")
-    try:
-        for s in cells:
-            idx = next((i for i, c in enumerate(results) if c.get("model") == s.model and c.get("gpus") == s.gpus
-                        and c.get("kind") == s.kind), None)
-            if idx is not None and results[idx].get("settings") == s.key():
-                log.info("bench: %s on %dx%s already in %s, skipped", s.model, s.gpus, s.kind, path)
-            else:
-                if bar is not None:
-                    bar.set_postfix_str(f"{s.model} {s.gpus}x{s.kind}")
-                cell = run_cell(s, out, progress=False)
-                if idx is None:
-                    results.append(cell)
-                else:
-                    results[idx] = cell
-                _write_json(path, results)
-                write_report(results, out, command=_command(args))
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    write_report(results, out, command=_command(args))
-    print(f"wrote {path} and {out / 'RESULTS.md'} ({len(results)} cells)")
-    return 0
-
-
-def _command(args) -> str:
-    return (f"placer bench --models {args.models} --gpus {args.gpus} --kind {args.kind} --size {args.size} "
-            f"--reward {args.reward} --budget {args.budget:g} --seed {args.seed} --out {args.out}")
 
 
 # ---- report ---------------------------------------------------------------------------------------------------

@@ -11,19 +11,23 @@ import time
 
 
 def run_simulate(args) -> int:
-    from placer.api import resolve_placement
     from placer.cli import print_json
     from placer.graphs import load_from_args
+    from placer.problem import build_problem
     from placer.sim.cluster import cluster_from_args
-    from placer.sim.costs import load_or_analytical
     from placer.sim.simulator import Simulator
     from placer.sim.trace import write_trace
 
     graph = load_from_args(args)
     cluster = cluster_from_args(args)
-    table = load_or_analytical(graph, cluster, getattr(args, "costs", None))
-    placement = resolve_placement(args.placement, graph, cluster, seed=getattr(args, "seed", 0) or 0, costs=table)
-    sim = Simulator(graph, cluster, table, order=getattr(args, "order", "ready") or "ready")
+    # the problem without its baselines: only the one asked for is built, by resolve()
+    problem = build_problem(graph, cluster, costs=getattr(args, "costs", None), seed=getattr(args, "seed", 0) or 0,
+                            baselines=False, check_memory=False)
+    problem.close()
+    placement = problem.resolve(args.placement)
+    order = getattr(args, "order", "ready") or "ready"
+    sim = problem.simulator.sim if order == problem.simulator.sim.order else Simulator(graph, cluster, problem.cost,
+                                                                                      order=order)
     res = sim.simulate(placement, trace=bool(getattr(args, "trace", None)))
     p = sim.check(placement)
     walls = []
@@ -45,7 +49,7 @@ def run_simulate(args) -> int:
         "oom_devices": list(res.oom_devices),
         "transfer_bytes": int(res.transfer_bytes),
         "transfers": int(res.transfers),
-        "cost_source": table.source,
+        "cost_source": problem.cost_source,
         "cluster": cluster.name,
         "placement": str(args.placement),
         "order": sim.order,
@@ -54,7 +58,7 @@ def run_simulate(args) -> int:
         print_json(out)
         return 0
     print(f"graph {graph.name}: {graph.num_ops:,} ops on {cluster.name} ({args.placement}, order {sim.order}, "
-          f"costs {table.source})")
+          f"costs {problem.cost_source})")
     print(f"  step time    {out['step_time_s'] * 1e3:10.3f} ms" + ("   OUT OF MEMORY on " +
                                                                    ", ".join(res.oom_devices) if res.oom else ""))
     print(f"  lower bound  {out['lower_bound_s'] * 1e3:10.3f} ms")

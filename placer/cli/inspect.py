@@ -1,9 +1,10 @@
-"""`placer inspect` and `placer demo` (the other commands live in their rooms: sim/, rl/, runtime/, baselines/)."""
+"""`placer inspect` and `placer demo`."""
 from __future__ import annotations
 
 import time
 
 from placer.cli import print_json
+from placer.errors import fmt_bytes
 
 
 def run_inspect(args) -> int:
@@ -35,8 +36,8 @@ def run_inspect(args) -> int:
     print(f"graph {graph.name} (fingerprint {graph.fingerprint})")
     print(f"  ops                {info['ops']:>12,}")
     print(f"  edges              {info['edges']:>12,}  (data + control)")
-    print(f"  tensor bytes       {_fmt_bytes(info['tensor_bytes']):>12}")
-    print(f"  variable bytes     {_fmt_bytes(info['persistent_bytes']):>12}")
+    print(f"  tensor bytes       {fmt_bytes(info['tensor_bytes']):>12}")
+    print(f"  variable bytes     {fmt_bytes(info['persistent_bytes']):>12}")
     print(f"  co-location groups {info['colocation_groups']:>12,}")
     print(f"  CPU-only ops       {info['cpu_only_ops']:>12,}")
     print(f"  groups (G<={args.groups:<4})   {info['groups']:>12,}")
@@ -47,20 +48,12 @@ def run_inspect(args) -> int:
     return 0
 
 
-def _fmt_bytes(b: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(b) < 1024 or unit == "TiB":
-            return f"{b:.1f} {unit}" if unit != "B" else f"{int(b)} B"
-        b /= 1024
-    return str(b)
-
-
 def run_demo(args) -> int:
     """A short, real search on an embedded default: the paper's NMT (2 layers, full size) on 4 simulated K80s,
     with every baseline beside the learned placement."""
     import argparse
 
-    from placer.rl.commands import run_search
+    from placer.cli.search import run_search
 
     print(f"placer demo: learning a placement of NMT (2-layer, hidden 1024, vocab 32k, 40 steps) on 4xK80 "
           f"for {args.budget:.0f} s (first run imports and costs the graph: about a minute)", flush=True)

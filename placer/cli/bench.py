@@ -1,0 +1,69 @@
+"""`placer bench` (CLI.md): the command-line glue over `placer.bench` (cells, results.json, RESULTS.md)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from placer.bench import CellSettings, load_results, run_cell, write_json, write_report
+from placer.errors import SearchError
+
+log = logging.getLogger(__name__)
+
+
+def run_bench(args) -> int:
+    """`placer bench` (CLI.md). Returns the exit code."""
+    models = [m.strip() for m in str(args.models).split(",") if m.strip()]
+    try:
+        gpus = [int(x) for x in str(args.gpus).split(",") if x.strip()]
+    except ValueError:
+        raise SearchError(f"--gpus {args.gpus!r}: expected a comma list of GPU counts, e.g. 2,4") from None
+    if not models or not gpus or min(gpus) < 1:
+        raise SearchError("bench needs at least one model (--models) and GPU counts >= 1 (--gpus)")
+    if args.reward != "sim":
+        raise SearchError("bench --reward measure needs the cells' real GPUs (NxKIND); run `placer search "
+                          "--reward measure` on the machine that has them. bench simulates (--reward sim).")
+    if args.budget <= 0:
+        raise SearchError(f"--budget must be positive seconds per cell, got {args.budget}")
+    from placer.sim.cluster import parse_cluster
+
+    kind = parse_cluster(f"1x{args.kind}").meta.get("gpu_kind", args.kind)  # validates the kind early
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    results = load_results(path)
+    cells = [CellSettings(m, n, kind, args.size, args.reward, float(args.budget), int(args.seed))
+             for m in models for n in gpus]
+    bar = None
+    if not getattr(args, "no_progress", False):
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cells), desc="bench", unit="cell")
+    try:
+        for s in cells:
+            idx = next((i for i, c in enumerate(results) if c.get("model") == s.model and c.get("gpus") == s.gpus
+                        and c.get("kind") == s.kind), None)
+            if idx is not None and results[idx].get("settings") == s.key():
+                log.info("bench: %s on %dx%s already in %s, skipped", s.model, s.gpus, s.kind, path)
+            else:
+                if bar is not None:
+                    bar.set_postfix_str(f"{s.model} {s.gpus}x{s.kind}")
+                cell = run_cell(s, out, progress=False)
+                if idx is None:
+                    results.append(cell)
+                else:
+                    results[idx] = cell
+                write_json(path, results)
+                write_report(results, out, command=_command(args))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    write_report(results, out, command=_command(args))
+    print(f"wrote {path} and {out / 'RESULTS.md'} ({len(results)} cells)")
+    return 0
+
+
+def _command(args) -> str:
+    return (f"placer bench --models {args.models} --gpus {args.gpus} --kind {args.kind} --size {args.size} "
+            f"--reward {args.reward} --budget {args.budget:g} --seed {args.seed} --out {args.out}")

@@ -1,0 +1,123 @@
+"""`placer search` (CLI.md): the command-line glue over `placer.problem.build_problem` and `placer.search.search`.
+
+    placer search --model nmt4 --cluster 4xK80 --budget 600 --out runs/nmt4
+    placer search --resume runs/nmt4          # continue a killed/finished search (its args are in DIR/args.json)
+
+DIR holds placement.json, placed.meta, summary.json, trace.json, curve.png, tb/, checkpoint/ (and args.json).
+With `--devices` and `--reward sim`, the best few placements are re-measured on those devices at the end and
+summary.json gains "measured": [{"source", "simulated_s", "measured_s", ...}].
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from placer.errors import SearchError
+
+ARGS_FILE = "args.json"
+# args stored for --resume (everything `placer search` reads)
+_RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
+                "token_file", "costs", "budget", "max_updates", "patience", "groups", "seed", "out", "no_progress",
+                "json", "remeasure")
+
+
+def _save_args(out: Path, args) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    d = {k: getattr(args, k, None) for k in _RESUME_KEYS}
+    (out / ARGS_FILE).write_text(json.dumps(d, indent=1))
+
+
+def _load_args(out: Path, args):
+    p = out / ARGS_FILE
+    if not p.exists():
+        raise SearchError(f"{out} is not a search directory (no {ARGS_FILE}); start one with --out DIR")
+    try:
+        d = json.loads(p.read_text())
+    except ValueError as e:
+        raise SearchError(f"{p} is not valid JSON: {e}") from None
+    for k, v in d.items():
+        setattr(args, k, v)
+    args.out = str(out)
+    return args
+
+
+def run_search(args) -> int:
+    """`placer search` (see CLI.md)."""
+    from placer.graphs import load_from_args
+
+    resume = bool(getattr(args, "resume", None))
+    if resume:
+        # flags without a default given with --resume override the stored ones (e.g. --max-updates 100)
+        override = {k: getattr(args, k, None) for k in ("max_updates", "patience")}
+        override.update({k: True for k in ("json", "no_progress") if getattr(args, k, False)})
+        args = _load_args(Path(args.resume), args)
+        for k, v in override.items():
+            if v is not None:
+                setattr(args, k, v)
+    if not getattr(args, "out", None):
+        raise SearchError("give --out DIR for the search's files (or --resume DIR)")
+    if not (getattr(args, "cluster", None) or getattr(args, "devices", None)):
+        raise SearchError("give --cluster SPEC (simulated hardware, e.g. 4xK80) or --devices LIST (e.g. cpu:2)")
+    if args.reward == "measure" and not (args.devices or args.workers):
+        raise SearchError("--reward measure needs real devices: --devices LIST (local) or --workers ADDR,...")
+    budget = float(args.budget)
+    if not budget > 0:
+        raise SearchError(f"--budget must be positive, got {args.budget} (use --max-updates 0 to only "
+                          "evaluate the baselines)")
+    out = Path(args.out)
+    if not resume:
+        if (out / "checkpoint").exists():
+            raise SearchError(f"{out} already holds a search; continue it with --resume {out} or pick another --out")
+        _save_args(out, args)
+    graph = load_from_args(args)
+    cluster = args.cluster if args.cluster else None
+    devices = None if args.cluster else args.devices
+    from placer.problem import build_problem
+    from placer.search import search
+
+    problem = build_problem(graph, cluster, devices=devices, costs=getattr(args, "costs", None),
+                            max_groups=args.groups, seed=int(args.seed or 0))
+    evaluator = None
+    try:
+        if args.reward == "measure":
+            from placer.runtime import make_evaluator
+
+            evaluator = make_evaluator(graph, args.devices if args.devices else problem.device_names,
+                                       workers=args.workers, token_file=args.token_file)
+        search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0),
+               out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,
+               resume=resume, remeasure=getattr(args, "remeasure", True) is not False,
+               model_name=args.model or graph.name)
+    finally:
+        if evaluator is not None:
+            evaluator.close()
+        problem.close()
+    summary = json.loads((out / "summary.json").read_text())
+    if getattr(args, "json", False):
+        from placer.cli import print_json
+
+        print_json(summary)
+        return 0
+    _print_summary(summary, out)
+    return 0
+
+
+def _print_summary(s: dict, out: Path) -> None:
+    ms = lambda x: "   n/a" if x is None else f"{x * 1e3:10.3f} ms"  # noqa: E731
+    print(f"search {s['model']} on {s['cluster']}: {s['updates']} updates, {s['evaluations']} evaluations, "
+          f"{s['wall_s']:.0f} s ({s['stop_reason']}), reward {s['reward']}, costs {s['cost_source']}")
+    print(f"  returned placement {ms(s['step_time_s'])}   (from {s['source']})")
+    print(f"  policy's own best  {ms(s['search_best_s'])}")
+    print(f"  lower bound        {ms(s['lower_bound_s'])}")
+    errors = s.get("baseline_errors", {})
+    for k, v in sorted(s["baselines"].items(), key=lambda kv: (kv[1] is None, kv[1] or 0)):
+        why = errors.get(k, "failed") if v is None else ""
+        print(f"  {k:<18} {ms(v)}" + (f"   ({_first_line(why)})" if why else ""))
+    for m in s.get("measured", []):
+        print(f"  measured {m['source']:<14} simulated {ms(m.get('simulated_s'))}   measured {ms(m.get('measured_s'))}")
+    print(f"  files in {out}/: placement.json placed.meta summary.json trace.json curve.png tb/ checkpoint/")
+
+
+def _first_line(text: str, width: int = 100) -> str:
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
