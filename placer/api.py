@@ -32,6 +32,9 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
         raise PlacerError("place() needs exactly one of cluster= (simulated hardware) or devices= (real devices)")
     if reward == "measure" and devices is None and not workers:
         raise PlacerError("reward='measure' needs real devices: devices=... (local) or workers=[...]")
+    from placer._tf import hide_gpus
+
+    hide_gpus()        # this process's TF stays off the GPUs the measured graphs need
     if isinstance(graph, OpGraph):
         og = graph
     else:

@@ -171,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.debug:
         _quiet_tensorflow()
+    if args.command != "worker":     # measurement runs in child processes; this one keeps off the GPUs
+        from placer._tf import hide_gpus
+
+        hide_gpus()
     mod, fn = COMMANDS[args.command].split(":")
     from placer.errors import PlacerError
 

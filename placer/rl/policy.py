@@ -36,6 +36,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from placer._tf import hide_gpus
+
 _NEG = -1e9  # logit given to masked devices (exp underflows to exactly 0 in float32)
 # The policy's variables and ops live on the host CPU: its ops are small and latency-bound, and on a GPU machine
 # TensorFlow would otherwise put them on /GPU:0, whose allocator then takes most of that GPU's memory away
@@ -123,6 +125,7 @@ class PlacementPolicy(tf.Module):
                  attn_size: int = 64, temperature: float = 1.0, tanh_constant: float = 5.0,
                  forget_bias: float = 1.0, group_embedding: int = 0, stay_bias: float = 0.0, seed: int = 0,
                  explore: float = 0.0, jit: bool = True, name: str = "placement_policy"):
+        hide_gpus()      # before any variable exists: the runtime must not start on a GPU
         super().__init__(name=name)
         features = np.asarray(features, np.float32)
         allowed = np.asarray(allowed, bool)

@@ -425,25 +425,25 @@ def cluster_from_devices(spec: "str | Sequence[str]") -> Cluster:
 
 
 def _local_tf_devices() -> dict[str, tuple[str, int | None]]:
-    """short name -> (preset kind, memory bytes or None) for the devices TensorFlow sees in this process."""
+    """short name -> (preset kind, memory bytes or None) for the devices of this machine. Reads TensorFlow's
+    *physical* device list, which does not start the runtime on the GPUs (listing logical devices would, and
+    TensorFlow would then hold their memory in this process; see `placer._tf.hide_gpus`)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
     out: dict[str, tuple[str, int | None]] = {}
-    for d in tf.config.list_logical_devices():
-        nm = short_device_name(d.name)
+    for d in tf.config.list_physical_devices():
+        nm = short_device_name(d.name.replace("/physical_device:", "/device:"))
         if d.device_type == "CPU":
             out[nm] = ("cpu", None)
         elif d.device_type == "GPU":
-            kind, mem = "V100", None
+            kind = "V100"
             try:
-                phys = tf.config.list_physical_devices("GPU")
-                idx = int(nm.rsplit(":", 1)[1])
-                det = tf.config.experimental.get_device_details(phys[min(idx, len(phys) - 1)])
+                det = tf.config.experimental.get_device_details(d)
                 kind = _kind_of_gpu_model(str(det.get("device_name", ""))) or "V100"
             except Exception:  # noqa: BLE001 - details are best effort
                 pass
-            out[nm] = (kind, mem)
+            out[nm] = (kind, None)
     return out
 
 

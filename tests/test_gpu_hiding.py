@@ -1,0 +1,55 @@
+"""The search process never starts TensorFlow on a GPU: the policy, `place()` and the CLI hide the GPUs from this
+process's runtime (the measured graphs run in child processes). This machine has no GPU, so TensorFlow's device
+calls are replaced by a fake machine with two GPUs, in a child interpreter."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+CHILD = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    calls, listed = [], []
+    fake = [tf.config.PhysicalDevice("/physical_device:CPU:0", "CPU"),
+            tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU"),
+            tf.config.PhysicalDevice("/physical_device:GPU:1", "GPU")]
+    tf.config.list_physical_devices = lambda t=None: [d for d in fake if t in (None, d.device_type)]
+    tf.config.set_visible_devices = lambda devs, t=None: calls.append((list(devs), t))
+    tf.config.experimental.get_device_details = lambda d: {"device_name": "Tesla V100-SXM2-16GB"}
+    from placer import _tf
+    what = sys.argv[1]
+    if what == "policy":
+        from placer.rl.policy import PlacementPolicy
+        PlacementPolicy(np.ones((3, 2), np.float32), np.ones((3, 2), bool), hidden_size=8, attn_size=4, jit=False)
+    elif what == "cli":
+        from placer.cli import main
+        main(["inspect", "--model", "nmt", "--size", "tiny", "--json"])
+    elif what == "devices":
+        from placer.sim.cluster import cluster_from_devices
+        c = cluster_from_devices("/GPU:0,/GPU:1,/CPU:0")
+        listed = [(d.name, d.kind) for d in c.devices]
+    print(json.dumps({"calls": calls, "listed": listed}))
+""")
+
+
+def _run(what: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", CHILD, what], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_policy_hides_gpus_before_its_variables_exist():
+    assert _run("policy")["calls"] == [[[], "GPU"]]
+
+
+def test_cli_hides_gpus():
+    assert _run("cli")["calls"] == [[[], "GPU"]]
+
+
+def test_local_gpus_are_listed_without_starting_tensorflow_on_them():
+    out = _run("devices")
+    assert out["listed"] == [["/GPU:0", "V100"], ["/GPU:1", "V100"], ["/CPU:0", "cpu"]]
+    assert out["calls"] == []          # listing devices neither hides nor starts them
