@@ -292,3 +292,27 @@ def test_restarts_refit_the_start_when_the_run_stalls(tmp_path):
                  config=cfg0)
     off.run(120, max_updates=8)
     assert off.restarts == 0
+
+
+class MissingDeviceEvaluator(ToyEvaluator):
+    """Every placement that uses /GPU:2 fails as on a worker that lacks the device (not a memory failure)."""
+
+    def evaluate(self, placements):
+        out = super().evaluate(placements)
+        return [Outcome.failure("device /GPU:2 does not exist here (the worker has /GPU:0, /GPU:1, /CPU:0)")
+                if (np.asarray(p) == 2).any() else o for p, o in zip(placements, out)]
+
+
+def test_search_stops_when_most_evaluations_fail_for_one_reason(tmp_path):
+    gr, ev = _setup(G=8)
+    bad = MissingDeviceEvaluator(ev.target_ops)
+    with pytest.raises(SearchError, match=r"search stopped: \d+ of \d+ evaluations failed with the same error.*"
+                                          r"device /GPU:2 does not exist here"):
+        run_loop(gr, bad, budget_seconds=120, max_updates=50, cpu_index=CPU, progress=False, out_dir=tmp_path,
+                 config=ReinforceConfig(seed=0, **COLD))
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["updates"] == 3 and max(state["failure_counts"].values()) >= state["evaluated"] / 2  # nothing lost
+    # the same search with the device present runs to its update budget
+    res = run_loop(gr, ev, budget_seconds=120, max_updates=5, cpu_index=CPU, progress=False,
+                   config=ReinforceConfig(seed=0, **COLD))
+    assert res.updates == 5

@@ -16,7 +16,9 @@ Bad input:
   * every group has a single allowed device (e.g. a one-device cluster): return at once, no learning;
   * `budget_seconds <= 0`: SearchError (use `max_updates=0` to only evaluate the baselines);
   * nothing fits in memory (every baseline and every sample OOMs): SearchError naming the memory needed
-    on the fullest device against what it holds.
+    on the fullest device against what it holds;
+  * most evaluations fail for one reason that is not memory (a missing device, a lost worker): after the
+    baselines and 3 updates, SearchError with that reason (`_check_systematic_failure`), the checkpoint kept.
 
 `rl/` sees only the Grouping (features, CPU-only groups, `expand`) and the Evaluator: never TF protos.
 """
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "state.json"    # scalars, lists, dicts; names the npz that holds the arrays
 CHECKPOINT_FORMAT = 2             # 1 was a pickle (state.pkl): refused with a one-line error
 OLD_CHECKPOINT_FILE = "state.pkl"
+STOP_AFTER_UPDATES = 3        # updates before a systematic failure may stop the search
+STOP_FAILED_FRACTION = 0.5    # ... when one non-memory reason accounts for this fraction of all evaluations
 
 
 @dataclass
@@ -176,6 +180,8 @@ class Search:
         self.since_elite = 0           # updates since the current run's best improved
         self.restarts = 0
         self._oom_seen: list = []      # (max used/capacity ratio, device index, used, capacity) of OOM outcomes
+        self.failure_counts: dict[str, int] = {}   # first line of a non-memory failure's reason → how many
+        self.evaluated = 0             # outcomes seen by _note_oom (this run and before a resume)
         self._t_start = time.perf_counter()
         self._writer = None
 
@@ -234,6 +240,7 @@ class Search:
             "elite_groups": arr("elite_groups", self.elite_groups), "elite_time": _json_num(self.elite_time),
             "since_elite": self.since_elite, "restarts": self.restarts, "allowed": arr("allowed", self.allowed),
             "config": self.config.to_dict(), "oom_seen": [list(x) for x in self._oom_seen[-64:]],
+            "failure_counts": self.failure_counts, "evaluated": self.evaluated,
         }
         self._saves = getattr(self, "_saves", 0) + 1
         npz = f"arrays-{os.getpid()}-{self._saves}.npz"
@@ -307,12 +314,21 @@ class Search:
         self.history = [{k: _num_json(v) for k, v in r.items()} for r in state["history"]]
         self._oom_seen = [tuple(x) for x in state.get("oom_seen", [])]
         self.baseline_failures = dict(state.get("baseline_failures", {}))
+        self.failure_counts = {str(k): int(v) for k, v in state.get("failure_counts", {}).items()}
+        self.evaluated = int(state.get("evaluated", 0))
         self.wall_before = float(state["wall_s"])
         self._t_start = time.perf_counter()
         return True
 
     # ------------------------------------------------------------------ bookkeeping
     def _note_oom(self, outcomes) -> None:
+        """Record what failed: out-of-memory peaks (for the error when nothing fits) and the reasons of other
+        failures (for `_check_systematic_failure`)."""
+        self.evaluated += len(outcomes)
+        for o in outcomes:
+            if o.failed and not o.oom:
+                key = (o.reason or "failed without a reason").strip().splitlines()[0][:300]
+                self.failure_counts[key] = self.failure_counts.get(key, 0) + 1
         if self.device_capacity is None:
             return
         cap = self.device_capacity
@@ -321,6 +337,18 @@ class Search:
                 ratio = np.asarray(o.peak_memory, np.float64) / np.maximum(cap, 1.0)
                 d = int(np.argmax(ratio))
                 self._oom_seen.append((float(ratio[d]), d, float(o.peak_memory[d]), float(cap[d])))
+
+    def _check_systematic_failure(self) -> None:
+        """A search in which most evaluations fail for one reason that is not memory cannot mean anything (a
+        missing device, a dead worker, a graph that does not run): stop with that reason instead of learning to
+        avoid it. Checked once the baselines and `STOP_AFTER_UPDATES` updates have been evaluated."""
+        if self.updates < STOP_AFTER_UPDATES or not self.failure_counts or self.evaluated == 0:
+            return
+        reason, count = max(self.failure_counts.items(), key=lambda kv: kv[1])
+        if count >= STOP_FAILED_FRACTION * self.evaluated:
+            self.save_checkpoint()
+            raise SearchError(f"search stopped: {count} of {self.evaluated} evaluations failed with the same error, "
+                              f"so its result would mean nothing: {reason}")
 
     def _consider(self, placement: np.ndarray, step_time: float, source: str) -> bool:
         if np.isfinite(step_time) and step_time < self.best_time:
@@ -497,7 +525,11 @@ class Search:
             return SearchError(
                 f"no placement fits in memory ({tried} tried): the best one still needs {fmt_bytes(used)} on "
                 f"{self.devices[d]}, which holds {fmt_bytes(cap)}; use devices with more memory or more devices")
-        return SearchError(f"no placement could be evaluated successfully ({tried} tried, all failed)")
+        why = ""
+        if self.failure_counts:
+            reason, count = max(self.failure_counts.items(), key=lambda kv: kv[1])
+            why = f"; {count} failed with: {reason}"
+        return SearchError(f"no placement could be evaluated successfully ({tried} tried, all failed{why})")
 
     def run(self, budget_seconds: float, max_updates: int | None = None, patience: int | None = None) -> LoopResult:
         """Search until the budget, `max_updates` total updates, or `patience` updates without a new best."""
@@ -578,6 +610,7 @@ class Search:
                                 reward=f"{row['reward_mean']:.3g}", evals_s=f"{self.evaluations / max(wall, 1e-9):.1f}")
                 if self.updates % self.checkpoint_every == 0:
                     self.save_checkpoint()
+                self._check_systematic_failure()
         finally:
             bar.close()
         return self._finish(stop)
