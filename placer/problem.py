@@ -123,7 +123,9 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
                   allow_cpu: bool = False, seed: int = 0, baselines: bool = True,
                   check_memory: bool = True) -> PlacementProblem:
     """Build the problem of placing `graph` on `cluster` (simulated hardware: "4xK80", a cluster JSON path or a
-    Cluster) or on real `devices` ("cpu:2", TF device names, a tasks file: the cluster is built from them).
+    Cluster) or on real `devices` ("cpu:2", TF device names, a tasks file: the cluster is built from them). With
+    both, `cluster` models `devices` (e.g. the cluster.json `placer calibrate` wrote for them): its device names
+    must be theirs.
 
     costs: a CostTable, a cost-table path (`placer profile` / `placer calibrate`), a float64[n, D] matrix, or
     None (the analytical estimate). max_groups: default min(256, 20 × #GPUs). allow_cpu: let groups that are
@@ -137,12 +139,17 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
     >>> sorted(p.baselines)[:3], p.grouping.num_groups <= 40
     (['expert', 'heft', 'm_etf'], True)
     """
-    if (cluster is None) == (devices is None):
-        raise SearchError("give a cluster (simulated hardware, e.g. 4xK80) or devices (real, e.g. cpu:2), not both")
+    if cluster is None and devices is None:
+        raise SearchError("give a cluster (simulated hardware, e.g. 4xK80) or devices (real, e.g. cpu:2)")
     if cluster is None:
         cluster = cluster_from_devices(devices)
     elif not isinstance(cluster, Cluster):
         cluster = parse_cluster(cluster)
+    if devices is not None:      # both: the cluster models the devices (e.g. `placer calibrate`'s cluster.json)
+        names = cluster_from_devices(devices).device_names
+        if names != cluster.device_names:
+            raise SearchError(f"cluster {cluster.name!r} has devices {cluster.device_names}, but the devices "
+                              f"given are {names}: a cluster file for other devices")
     if costs is None or isinstance(costs, (str, os.PathLike)):
         costs = load_or_analytical(graph, cluster, costs)
     sim = SimEvaluator(graph, cluster, costs)      # a CostTable or a float64[n, D] matrix

@@ -64,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("search", help="learn a placement with REINFORCE")
     _graph_args(p)
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--cluster", help="simulated hardware: NxKIND, cpu, or a cluster JSON file")
-    g.add_argument("--devices", help="real local devices: cpu:N or a comma list of TF device names")
+    p.add_argument("--cluster", help="simulated hardware: NxKIND, cpu, or a cluster JSON file (with --devices: "
+                                      "the model of those devices, e.g. placer calibrate's cluster.json)")
+    p.add_argument("--devices", help="real devices: cpu:N, a comma list of TF device names, or a tasks file")
     p.add_argument("--reward", choices=["sim", "measure"], default="sim")
     p.add_argument("--workers", help="remote measurement workers HOST:PORT,... (with --reward measure)")
     p.add_argument("--token-file", help="token for the workers")

@@ -71,7 +71,7 @@ def run_search(args) -> int:
         _save_args(out, args)
     graph = load_from_args(args)
     cluster = args.cluster if args.cluster else None
-    devices = None if args.cluster else args.devices
+    devices = args.devices if args.devices else None
     from placer.problem import build_problem
     from placer.search import search
 
@@ -82,7 +82,7 @@ def run_search(args) -> int:
         if args.reward == "measure":
             from placer.runtime import make_evaluator
 
-            evaluator = make_evaluator(graph, args.devices if args.devices else problem.device_names,
+            evaluator = make_evaluator(graph, devices if devices else problem.device_names,
                                        workers=args.workers, token_file=args.token_file)
         search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0),
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,

@@ -1,0 +1,232 @@
+"""Simulator vs real: how well the calibrated simulator predicts step times measured on a real 2-task TF cluster
+of this machine (issue 12, item 3).
+
+    .venv/bin/python benchmarks/fidelity.py                       # inception_v3, nmt, rnnlm at --size small
+    .venv/bin/python benchmarks/fidelity.py --models nmt --placements 30 --rounds 3 --runs 3
+
+For each model: start `placer cluster up --tasks 2` (two `tf.distribute.Server` tasks on 127.0.0.1, one core
+each), `placer calibrate` the simulator to it (per-op costs profiled on task 0, link latency and bandwidth from a
+tensor ping-pong), then take at least `--placements` distinct placements: every baseline, round_robin, single
+on each task, random ones, and samples spread over a simulated search. Each is simulated by the calibrated
+simulator and measured on the cluster: `--rounds` rounds, each measuring every placement in turn (`--runs` timed
+runs after one warm-up), so load drift hits all placements alike; the measured step time is the median of all
+its runs. Writes results/fidelity.json (one object per model: model, placements, spearman, median_abs_err,
+p90_abs_err, and every point), results/fidelity.png and the section "Simulator vs real" of RESULTS.md.
+Keep the machine otherwise idle while it runs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from _cluster import RESULTS, calibrate, machine, now, tf_cluster, write_json, write_section  # noqa: E402
+
+TARGET_RHO, TARGET_MEDIAN = 0.9, 0.15
+
+
+class Recorder:
+    """An Evaluator wrapper that keeps every placement a search asks it to evaluate."""
+
+    def __init__(self, inner):
+        self.inner, self.devices, self.seen = inner, inner.devices, []
+
+    def evaluate(self, placements):
+        self.seen.extend(np.asarray(p).copy() for p in placements)
+        return self.inner.evaluate(placements)
+
+    def close(self):
+        pass
+
+
+def choose_placements(problem, n: int, seed: int = 0, search_updates: int = 60) -> list[tuple[str, np.ndarray]]:
+    """At least `n` distinct placements: baselines, built-ins, random, and samples spread over a search."""
+    from placer.placement import random_placement
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+
+    out: list[tuple[str, np.ndarray]] = []
+
+    def add(name, p):
+        p = np.asarray(p, np.int64)
+        if not any(np.array_equal(p, q) for _, q in out):
+            out.append((name, p))
+
+    for name, p in problem.baselines.items():
+        add(name, p)
+    for spec in ("round_robin", "single"):
+        add(spec, problem.resolve(spec))
+    for d in range(problem.cluster.num_devices):          # everything on one task
+        add(f"all_on_{d}", problem.grouping.expand(np.full(problem.grouping.num_groups, d), None))
+    for s in range(3):
+        add(f"random_{s}", random_placement(problem.graph, problem.cluster, seed=seed + s))
+    rec = Recorder(problem.simulator)
+    cl = problem.cluster
+    Search(problem.grouping, rec, cpu_index=cl.cpu_index, allowed=problem.allowed, baselines=problem.baselines,
+           config=ReinforceConfig(seed=seed), seed=seed, progress=False, tensorboard=False).run(
+        3600, max_updates=search_updates)
+    samples = rec.seen[len(problem.baselines):]
+    need = max(0, n - len(out))
+    if samples and need:
+        # spread over the search (in the order it sampled them) and over the simulated times it saw
+        idx = np.unique(np.linspace(0, len(samples) - 1, num=4 * need).astype(int))
+        for i in idx:
+            if len(out) >= n + need // 2:
+                break
+            add(f"search_{i}", samples[i])
+    return out
+
+
+def spearman(a, b) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic)
+
+
+def measure_interleaved(evaluator, placements, rounds: int, runs: int) -> list[list[float]]:
+    """Every placement measured once per round, rounds one after another; returns all runs per placement (a
+    failed measurement adds none)."""
+    got: list[list[float]] = [[] for _ in placements]
+    for r in range(rounds):
+        order = list(range(len(placements)))
+        if r % 2:
+            order.reverse()                           # drift within a round falls on both ends alike
+        for i in order:
+            o = evaluator.evaluate([placements[i]])[0]
+            if not o.failed:
+                got[i].extend(float(x) for x in o.runs)
+            else:
+                print(f"  placement {i} failed: {o.reason}", file=sys.stderr)
+    return got
+
+
+def run_model(model: str, size: str, tasks: Path, workdir: Path, n: int, rounds: int, runs: int, seed: int) -> dict:
+    from placer.graphs.models import build_model
+    from placer.problem import build_problem
+    from placer.runtime import make_evaluator
+
+    t0 = time.perf_counter()
+    graph = build_model(model, size)
+    cluster_json, costs_json = calibrate(model, size, tasks, workdir / f"calib_{model}_{size}")
+    problem = build_problem(graph, str(cluster_json), costs=str(costs_json), seed=seed)
+    chosen = choose_placements(problem, n, seed=seed)
+    names = [c[0] for c in chosen]
+    pls = [c[1] for c in chosen]
+    sim = [o.step_time if not o.failed else float("nan") for o in problem.simulator.evaluate(pls)]
+    with make_evaluator(graph, str(tasks), warmup=1, runs=runs) as ev:
+        if list(ev.devices) != problem.device_names:
+            raise SystemExit(f"the cluster's devices {list(ev.devices)} are not the calibrated ones "
+                             f"{problem.device_names}")
+        got = measure_interleaved(ev, pls, rounds, runs)
+    problem.close()
+    points = []
+    for name, s, g in zip(names, sim, got):
+        points.append({"source": name, "simulated_s": None if not np.isfinite(s) else float(s),
+                       "measured_s": float(np.median(g)) if g else None, "runs": len(g),
+                       "spread": float((max(g) - min(g)) / np.median(g)) if g else None})
+    ok = [p for p in points if p["simulated_s"] is not None and p["measured_s"] is not None]
+    sim_a = np.array([p["simulated_s"] for p in ok])
+    meas_a = np.array([p["measured_s"] for p in ok])
+    err = np.abs(sim_a - meas_a) / meas_a
+    rec = {"model": model, "size": size, "placements": len(ok), "spearman": spearman(sim_a, meas_a),
+           "median_abs_err": float(np.median(err)), "p90_abs_err": float(np.percentile(err, 90)),
+           "ops": int(graph.num_ops), "rounds": rounds, "runs_per_round": runs,
+           "measured_range_s": [float(meas_a.min()), float(meas_a.max())],
+           "mean_signed_err": float(np.mean((sim_a - meas_a) / meas_a)), "failed": len(points) - len(ok),
+           "cluster": str(cluster_json), "wall_s": time.perf_counter() - t0, "points": points}
+    print(f"{model}: {len(ok)} placements, spearman {rec['spearman']:.3f}, median |err| "
+          f"{rec['median_abs_err']:.1%}, p90 {rec['p90_abs_err']:.1%}, measured "
+          f"{meas_a.min() * 1e3:.1f}-{meas_a.max() * 1e3:.1f} ms", flush=True)
+    return rec
+
+
+def plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(records), figsize=(4.5 * len(records), 4.2), squeeze=False)
+    for ax, r in zip(axes[0], records):
+        pts = [p for p in r["points"] if p["simulated_s"] is not None and p["measured_s"] is not None]
+        m = np.array([p["measured_s"] for p in pts]) * 1e3
+        s = np.array([p["simulated_s"] for p in pts]) * 1e3
+        base = np.array([not p["source"].startswith(("search_", "random_")) for p in pts])
+        ax.scatter(m[~base], s[~base], s=14, alpha=0.7, label="search samples, random")
+        ax.scatter(m[base], s[base], s=22, marker="s", label="baselines, built-ins")
+        lo, hi = min(m.min(), s.min()) * 0.9, max(m.max(), s.max()) * 1.1
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("measured step time (ms), 2-task TF cluster")
+        ax.set_ylabel("simulated step time (ms), calibrated")
+        ax.set_title(f"{r['model']} ({r['size']}): ρ={r['spearman']:.2f}, median |err| {r['median_abs_err']:.0%}",
+                     fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def section(records: list[dict], command: str, started: str, mach: str) -> str:
+    rows = ["| model | size | ops | placements | measured range (ms) | Spearman ρ | median \\|err\\| | p90 \\|err\\| "
+            "| mean signed err | target ρ ≥ 0.9, median ≤ 15% |", "|---|---|---:|---:|---|---:|---:|---:|---:|---|"]
+    for r in records:
+        met = r["spearman"] >= TARGET_RHO and r["median_abs_err"] <= TARGET_MEDIAN
+        lo, hi = r["measured_range_s"]
+        rows.append(f"| {r['model']} | {r['size']} | {r['ops']:,} | {r['placements']} | {lo * 1e3:.1f}–{hi * 1e3:.1f} "
+                    f"| {r['spearman']:.3f} | {r['median_abs_err']:.1%} | {r['p90_abs_err']:.1%} "
+                    f"| {r['mean_signed_err']:+.1%} | {'met' if met else 'MISSED'} |")
+    return "\n".join([
+        "## Simulator vs real (measured on a 2-task TF cluster of this machine)",
+        "",
+        f"Written by `benchmarks/fidelity.py` ({started}; {mach}). Command: `{command}`.",
+        "Each point: one placement's step time simulated by the calibrated simulator (`placer calibrate` on the "
+        "same cluster: per-op costs profiled on task 0, per-pair link latency/bandwidth from a ping-pong) against "
+        "the median of its measured runs on two `tf.distribute.Server` tasks pinned to one core each (measured, "
+        "runs of all placements interleaved). Errors are |simulated − measured| / measured. "
+        "Scatter: `results/fidelity.png`; every point: `results/fidelity.json`.",
+        "",
+        *rows,
+        "",
+        "![fidelity](results/fidelity.png)",
+    ])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="inception_v3,nmt,rnnlm")
+    ap.add_argument("--size", default="small")
+    ap.add_argument("--placements", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", default="/tmp/placer-fidelity")
+    ap.add_argument("--no-write", action="store_true", help="print only (no results files)")
+    a = ap.parse_args(argv)
+    started, mach = now(), machine()
+    command = "python benchmarks/fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    records = []
+    workdir = Path(a.workdir)
+    with tf_cluster(workdir) as tasks:
+        for m in [x.strip() for x in a.models.split(",") if x.strip()]:
+            records.append(run_model(m, a.size, tasks, workdir, a.placements, a.rounds, a.runs, a.seed))
+    if a.no_write:
+        return 0
+    out = [{k: v for k, v in r.items()} for r in records]
+    write_json(RESULTS / "fidelity.json", out)
+    plot(records, RESULTS / "fidelity.png")
+    write_section("fidelity", section(records, command.strip(), started, mach))
+    print(f"wrote {RESULTS / 'fidelity.json'}, {RESULTS / 'fidelity.png'} and RESULTS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
