@@ -37,101 +37,43 @@ from placer.rl.policy import POLICY_DEVICE, PlacementPolicy
 
 @dataclass
 class ReinforceConfig:
+    """The search's hyperparameters. Each line cites its source: a paper or the controller's code
+    (`hierarchical_controller`), or the benchmark row that chose it; why each non-paper default is what it is:
+    benchmarks/RESULTS.md, "Search hyperparameters"."""
     # --- sampling ---
-    num_samples: int = 16            # K placements per update: the issue's default (Mirhoseini 2017 trained with
-                                     #   many parallel workers; 16 keeps one batched simulator call cheap)
+    num_samples: int = 16            # K placements per update (Mirhoseini 2017 used many workers; one batched sim call)
     # --- policy network ---
-    hidden_size: int = 128           # LSTM width. Mirhoseini 2017 §4: 256; hierarchical_controller: 512. 128 meets
-                                     #   the 0.5 s/update budget on 2 CPU cores (benchmarks/bench_search.py)
-    attn_size: int = 32              # additive-attention width (the controller uses hidden_size); the [K,G,G,A]
-                                     #   score tensor dominates the update time, so it is kept small
-    group_embedding: int = 16        # learned per-group embedding appended to the features (a position embedding):
-                                     #   gives each group its own parameters, so the policy does not collapse onto
-                                     #   one device for all groups before it can tell them apart (toy tasks)
-    stay_bias: float = 0.0           # initial weight of "same device as the previous group" in the raw logits
-                                     #   (a learned device→device term; 0 = the paper's decoder exactly)
+    hidden_size: int = 128           # LSTM width (paper 256, controller 512); 128 meets 0.5 s/update (bench_search.py)
+    attn_size: int = 32              # additive-attention width (controller: hidden_size); kept small for speed
+    group_embedding: int = 16        # learned per-group position embedding appended to the features (toy tasks)
+    stay_bias: float = 0.0           # initial "same device as the previous group" logit term (0 = the paper's decoder)
     forget_bias: float = 1.0         # hierarchical_controller forget_bias_init=1.0
-    temperature: float = 1.0         # hierarchical_controller temperature=1.0 (logits / T before the tanh)
-    tanh_constant: float = 5.0       # logits = C·tanh(logits/T). hierarchical_controller: 1.0 (with one placement
-                                     #   per step); 5.0 lets a group's best device reach p≈0.99 among 5 devices
-                                     #   (NAS/ENAS controllers use 1.1-2.5) so the policy can actually converge
-    noise_scale: float = 0.0         # logit noise std as a fraction of the logits' RMS. hierarchical_controller
-                                     #   logits_std_noise=0.5, for its cold start; off here because the search
-                                     #   warm-starts from the best baseline (below), and 0.5·RMS(logits) ≈ 2.5
-                                     #   nats scrambles that start (measured, nmt4 on 4xK80, 150 s: policy best
-                                     #   0.548 s with 0.5 vs 0.516 s with 0; expert 0.566 s)
-    explore_groups: float = 1.0      # ε-uniform exploration: each group is placed uniformly at random with
-                                     #   probability ε = explore_groups / G (one group per sample on average),
-                                     #   the log-probabilities being those of the mixture. Not in the papers:
-                                     #   after a warm start the softmax is confident and its samples differ from
-                                     #   the mode in a few groups correlated by the decoder (runs of neighbours);
-                                     #   single-group moves are what a local search needs. 0 = the paper's policy
-    explore_max: float = 0.05        # ...and at most this ε (small graphs: 1/G would be a large share of groups)
-    noise_stop_update: int = 50      # noise off after this many updates: controller stop_noise_step=750 samples
-                                     #   ≈ 750 / 16 samples per update
+    temperature: float = 1.0         # hierarchical_controller temperature=1.0
+    tanh_constant: float = 5.0       # logits = C·tanh(logits/T); controller 1.0; 5.0 lets a group reach p≈0.99
+    noise_scale: float = 0.0         # logit noise / RMS(logits); controller 0.5 for its cold start (nmt4 150 s row)
+    explore_groups: float = 1.0      # ε-uniform exploration, ε = explore_groups / G (not in the papers)
+    explore_max: float = 0.05        # ...and at most this ε
+    noise_stop_update: int = 50      # controller stop_noise_step=750 samples ≈ 750 / 16 updates
     # --- optimisation ---
-    learning_rate: float = 3e-4      # Adam. hierarchical_controller lr=0.1 (with tanh_constant 1). With C=5 a step of
-                                     #   3e-3 moved log π by ~1 nat per group and saturated the tanh (zero gradient
-                                     #   from then on) within a few updates; 3e-4 moves it by ~0.05 (measured)
-    grad_clip: float = 1.0           # global-norm clip: hierarchical_controller grad_bound=1.0
-    entropy_coef: float = 0.01       # entropy bonus per group: CleanRL ppo.py ent_coef=0.01 (the controller has
-                                     #   none; it keeps exploration alive once the noise stops)
+    learning_rate: float = 3e-4      # Adam; controller lr=0.1 with C=1; 3e-3 saturated the tanh with C=5 (measured)
+    grad_clip: float = 1.0           # hierarchical_controller grad_bound=1.0
+    entropy_coef: float = 0.01       # CleanRL ppo.py ent_coef=0.01 (the controller has none)
     # --- reward ---
-    baseline_decay: float = 0.9      # EMA baseline: hierarchical_controller bl_dec=0.9
+    baseline_decay: float = 0.9      # hierarchical_controller bl_dec=0.9
     baseline_mode: str = "ema"       # "ema" (the controller) or "batch" (mean reward of the K samples)
-    normalize_advantage: bool = True  # divide advantages by the batch reward std: CleanRL ppo.py norm_adv=True
-                                     #   (makes the step size independent of the model's step-time scale)
-    advantage_std_floor: float = 0.01  # ...but by at least this fraction of |baseline|: once the K samples agree,
-                                     #   a bare std→0 would blow the EMA lag up into a huge same-sign advantage
-                                     #   and collapse the policy onto its current sample (seen on the toy task)
-    failure_factor: float = 10.0     # failed placement's step time = failure_factor × a reference step time
-                                     #   (the single-device time); the controller used failing_signal=100 s
+    normalize_advantage: bool = True  # CleanRL ppo.py norm_adv=True
+    advantage_std_floor: float = 0.01  # advantages divided by at least this fraction of |baseline| (toy task)
+    failure_factor: float = 10.0     # failed step time = this × the single-device time (controller: 100 s)
     # --- warm start (not in the papers; off with imitation_steps=0) ---
-    imitation_steps: int = 300       # before REINFORCE, fit the policy to the best group-level baseline (majority
-                                     #   device per group) by maximum likelihood for at most this many Adam steps,
-                                     #   so the search is a local search around it. Only when the groups can express
-                                     #   that baseline (warm_start_tolerance): with name-scope grouping NMT-4's
-                                     #   grouped expert is 0.556 s (op-level 0.566 s) and the 240 s search reached
-                                     #   0.479 s; with the earlier layer-straddling grouping (grouped expert OOM)
-                                     #   imitation was worse than a cold start (0.859 s vs 0.709 s)
-    warm_start_tolerance: float | None = None  # imitate only if the best grouped baseline is within this fraction
-                                     #   of the best (op-level) baseline; None = whenever it fits in memory. With
-                                     #   plain REINFORCE a start far above the best baseline trapped the policy
-                                     #   (Inception-V3, grouped single GPU 0.499 s vs m_etf 0.430 s: 0.434 s cold
-                                     #   vs 0.48-0.49 s imitating, so the rule was 5%); with the elite steps and
-                                     #   ε-exploration below, the search moves away from the start (Inception-V3
-                                     #   4xK80, 120 s: 0.411 s from the grouped single GPU vs 0.48 s cold)
-    imitation_prob: float = 0.99     # ...stopping once the geometric-mean per-group probability reaches this:
-                                     #   samples then differ from the baseline in ~1% of groups (a local search
-                                     #   around it; 0.97 gave 0.548 s vs 0.516 s at 0.99 in the run above)
-    # --- elite steps (Post, Gao et al. NeurIPS 2018: cross-entropy minimisation on the best samples between
-    #     policy-gradient steps; cf. self-imitation learning, Oh et al. ICML 2018) ---
-    elite_steps: int = 5             # after every update, fit the policy to the best placement sampled so far by
-                                     #   maximum likelihood, for at most this many Adam steps (until imitation_prob;
-                                     #   one step when it is already there), so samples explore around the best
-                                     #   (widely just after a new best, narrowing as the fit tightens; 40 steps per
-                                     #   update cost more time than they gained).
-                                     #   Only after a new best, REINFORCE steps drifted the policy off it (NMT-4:
-                                     #   samples' best 0.53 s for 1000 updates while the elite was 0.52 s).
-                                     #   0 = plain REINFORCE. Measured: benchmarks/RESULTS.md, "Search" 
-    restart_updates: int = 100       # random restarts of the local search: after this many updates without a new
-                                     #   best of the current run, re-fit the policy to the warm-start placement
-                                     #   and search from there again (the elite is then the best of the new run;
-                                     #   the returned best is kept). With the elite steps the search is a
-                                     #   stochastic local search that settles in ~150 updates, in an optimum that
-                                     #   depends on its path (NMT-4 4xK80, seed 0, 300 s: 0.441 s, then 0.495 s
-                                     #   once a faster update changed float rounding, stuck from update 150 to
-                                     #   1,316; with restarts 0.413 s); doubling ε up to 8 groups per sample
-                                     #   while stuck found nothing better (benchmarks/RESULTS.md, Update 4).
-                                     #   0 = never; no restarts after a cold start
-    imitation_rows: int = 8          # imitation batch: the placement itself + 7 copies whose decoder history has
-    imitation_perturb: float = 2.0   #   on average this many groups moved (DAgger-style robustness). Without it a
-                                     #   sample that moved one group derailed the decoder: after a warm start 40%
-                                     #   of samples equalled the best and most others differed in 5-30 groups
-                                     #   (NMT-4), so single-group moves were rarely tried
-    imitation_group_rows: int = 640  # ...but at most this many rows × groups per step (at least 2 rows): the 8
-                                     #   rows for G <= 80 (every bench cell), 2 rows at G = 256, where 8 rows made
-                                     #   the elite step cost ~1.4 s per update (benchmarks/RESULTS.md)
+    imitation_steps: int = 300       # fit the best grouped baseline before REINFORCE, at most this many Adam steps
+    warm_start_tolerance: float | None = None  # imitate only within this fraction of the best baseline (None: if it fits)
+    imitation_prob: float = 0.99     # ...until the per-group probability reaches this (nmt4 150 s row: 0.97 worse)
+    # --- elite steps (Post, Gao et al. NeurIPS 2018; cf. self-imitation, Oh et al. ICML 2018) ---
+    elite_steps: int = 5             # after every update, ≤ this many Adam steps fitting the best sample so far
+    restart_updates: int = 100       # re-fit the warm start after this many updates without a better sample (Update 4)
+    imitation_rows: int = 8          # imitation batch: the placement + 7 copies with perturbed decoder histories
+    imitation_perturb: float = 2.0   # ...each with on average this many groups moved (DAgger-style)
+    imitation_group_rows: int = 640  # ...at most this many rows × groups per step (8 rows up to G = 80, 2 at 256)
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
