@@ -48,6 +48,7 @@ from __future__ import annotations
 from typing import Callable
 
 from placer.errors import GraphImportError
+from placer.graphs.cache import cached
 from placer.graphs.opgraph import OpGraph
 
 MODELS_VERSION = 4  # bump when a builder changes (invalidates cached builds)
@@ -86,10 +87,8 @@ def build_model(name: str, size: str = "full", batch_size: int | None = None, *,
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
         raise GraphImportError(f"batch size must be a positive integer, got {batch_size!r}")
     build = _builder(name)
-    from placer.graphs.load import _cached
-
     key = ("model", name, size, batch_size, MODELS_VERSION)
-    return _cached(key, lambda: build(size, batch_size), cache)
+    return cached(key, lambda: build(size, batch_size), cache)
 
 
 __all__ = ["MODELS", "SIZES", "build_model"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from placer.graphs.opgraph import OpGraph
+from placer.graphs.trace import convert_keras
 
 FULL = dict(batch=32, image=299, classes=1000)   # Mirhoseini et al. 2017: Inception-V3, batch 32, ImageNet
 TINY = dict(batch=4, image=32, classes=10)
@@ -35,8 +36,6 @@ def build_inception_v3(size: str, batch_size: int | None) -> OpGraph:
     """Keras InceptionV3 (weights=None) training step: forward, categorical cross-entropy, gradients, RMSProp."""
     import keras
 
-    from placer.graphs.load import _convert_keras
-
     p = dict(FULL if size == "full" else TINY)
     batch = batch_size or p["batch"]
     keras.backend.clear_session()  # stable layer names (and so a stable fingerprint) within one process
@@ -47,6 +46,6 @@ def build_inception_v3(size: str, batch_size: int | None) -> OpGraph:
         model = _tiny_inception(keras, p["image"], p["classes"])
     model.compile(optimizer=keras.optimizers.RMSprop(learning_rate=0.045, rho=0.9, epsilon=1.0),
                   loss="categorical_crossentropy")
-    g = _convert_keras(model, batch_size=batch, name="inception_v3")
+    g = convert_keras(model, batch_size=batch, name="inception_v3")
     keras.backend.clear_session()
     return g

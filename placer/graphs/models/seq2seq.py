@@ -8,6 +8,7 @@ import logging
 import re
 from dataclasses import dataclass
 
+from placer.graphs.cleanup import convert_graph_def, op_name, rename_inputs
 from placer.graphs.opgraph import OpGraph
 
 
@@ -87,8 +88,6 @@ class _SoftmaxLoss:
 
 
 def _finish(tf, g, loss, optimizer, name: str) -> OpGraph:
-    from placer.graphs.load import _convert
-
     with g.as_default():
         params = tf.compat.v1.trainable_variables()
         grads = tf.compat.v1.gradients(loss, params)
@@ -96,7 +95,7 @@ def _finish(tf, g, loss, optimizer, name: str) -> OpGraph:
         with tf.control_dependencies([train]):
             train_op = tf.no_op(name="train_op")
     gd = _name_gradient_sums(g.as_graph_def())
-    return _convert(gd, ["train_op", loss.name], batch_size=None, name=name, where=f"model {name!r}",
+    return convert_graph_def(gd, ["train_op", loss.name], batch_size=None, name=name, where=f"model {name!r}",
                     unknown_level=logging.INFO)
 
 
@@ -106,12 +105,10 @@ def _name_gradient_sums(gd):
     A sum aggregates the gradients of one forward tensor and feeds that tensor's producer's gradient, so it is
     renamed after its first consumer's `gradients/<forward op>_grad/` scope (keeps the naming convention total).
     """
-    from placer.graphs.load import _op_name, _rename_inputs
-
     consumers: dict[str, list[str]] = {}
     for n in gd.node:
         for i in n.input:
-            consumers.setdefault(_op_name(i), []).append(n.name)
+            consumers.setdefault(op_name(i), []).append(n.name)
     names = {n.name for n in gd.node}
     rename: dict[str, str] = {}
     for n in gd.node:
@@ -134,7 +131,7 @@ def _name_gradient_sums(gd):
     for n in gd.node:
         if n.name in rename:
             n.name = rename[n.name]
-    _rename_inputs(gd, rename)
+    rename_inputs(gd, rename)
     return gd
 
 
