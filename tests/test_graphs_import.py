@@ -594,6 +594,27 @@ def test_runtime_spec_fallbacks_for_a_foreign_meta_graph():
         runtime_spec(mg, ["nope"])
 
 
+def test_small_rnnlm_sits_between_tiny_and_full():
+    from placer.graphs.models import build_model
+
+    g = build_model("rnnlm", size="small")
+    assert build_model("rnnlm", size="tiny").num_ops < g.num_ops < 5000
+    spec = runtime_spec(g.meta_graph_def())
+    assert spec.feeds == {"embedding/input_ids": ("int32", (32, 10)), "loss/labels": ("int32", (32, 10))}
+    assert spec.feed_limits == {"embedding/input_ids": 8000, "loss/labels": 8000}
+    assert g.persistent_bytes[g.index("layer_0/kernel")] == 4 * (640 + 640) * 4 * 640
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["inception_v3", "nmt", "nmt4"])
+def test_small_models(name):
+    from placer.graphs.models import build_model
+
+    g = build_model(name, size="small")
+    assert build_model(name, size="tiny").num_ops <= g.num_ops < 5000
+    colocation_ok(g)
+
+
 def test_unknown_model():
     from placer.graphs.models import build_model
 

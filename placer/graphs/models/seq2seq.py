@@ -25,6 +25,12 @@ class LSTMConfig:
 NMT_FULL = dict(hidden=1024, vocab=32000, seq_len=40, batch=64)
 RNNLM_FULL = dict(hidden=2048, vocab=32000, seq_len=40, batch=64)
 TINY = dict(hidden=64, vocab=1000, seq_len=6, batch=8)
+# between the two: a training step of roughly 0.1-0.5 s on one CPU core, a few thousand ops (measured sizes:
+# benchmarks/README.md)
+NMT_SMALL = dict(hidden=384, vocab=8000, seq_len=8, batch=32)
+RNNLM_SMALL = dict(hidden=640, vocab=8000, seq_len=10, batch=32)
+NMT_SIZES = {"tiny": TINY, "small": NMT_SMALL, "full": NMT_FULL}
+RNNLM_SIZES = {"tiny": TINY, "small": RNNLM_SMALL, "full": RNNLM_FULL}
 
 
 def _lstm_step(tf, x, h, c, kernel, bias, scope: str):
@@ -139,7 +145,7 @@ def build_nmt(size: str, batch_size: int | None, *, num_layers: int = 2, name: s
     """GNMT-style NMT training step: unrolled LSTM encoder/decoder, additive attention, softmax, Adam."""
     import tensorflow as tf
 
-    p = dict(NMT_FULL if size == "full" else TINY)
+    p = dict(NMT_SIZES[size])
     if batch_size:
         p["batch"] = batch_size
     H, V, T, B, L = p["hidden"], p["vocab"], p["seq_len"], p["batch"], num_layers
@@ -198,7 +204,7 @@ def build_rnnlm(size: str, batch_size: int | None) -> OpGraph:
     """2-layer unrolled LSTM language model training step (embedding, LSTMs, per-step softmax, SGD)."""
     import tensorflow as tf
 
-    p = dict(RNNLM_FULL if size == "full" else TINY)
+    p = dict(RNNLM_SIZES[size])
     if batch_size:
         p["batch"] = batch_size
     H, V, T, B, L = p["hidden"], p["vocab"], p["seq_len"], p["batch"], 2
