@@ -41,9 +41,9 @@ def test_no_import_cycle_among_graph_modules():
     assert len(deps) >= 10
     order = list(graphlib.TopologicalSorter(deps).static_order())   # raises CycleError on a cycle
     # the low modules come before the importers that dispatch to them
-    for low, high in [("placer.graphs.opgraph", "placer.graphs.cleanup"), ("placer.graphs.cleanup", "placer.graphs.trace"),
-                      ("placer.graphs.trace", "placer.graphs.models"), ("placer.graphs.models", "placer.graphs.load")]:
-        assert order.index(low) < order.index(high)
+    chain = ["opgraph", "cleanup", "trace", "models", "load"]
+    for low, high in zip(chain, chain[1:]):
+        assert order.index(f"placer.graphs.{low}") < order.index(f"placer.graphs.{high}")
 
 
 def test_graphs_import_nothing_above_them():

@@ -32,7 +32,7 @@ What the import does
 4. Placeholders with an unknown batch (first) dimension get ``batch_size``; any other unknown placeholder
    dimension is an error (synthetic feeds need static shapes).
 5. Per op: output bytes (dtype size x elements of the shapes TF infers; resource/variant/string elements count
-   ``HANDLE_BYTES``; an unknown dimension counts as ``UNKNOWN_DIM_FALLBACK`` = 1, a lower bound, and a
+   ``opfacts.HANDLE_BYTES``; an unknown dimension counts as ``opfacts.UNKNOWN_DIM_FALLBACK`` = 1, a lower bound, and a
    warning names the first few such ops), data/control edges, persistent bytes (a variable's full size on its
    variable op: weights and optimizer slots alike), flops (``ops.get_stats_for_node_def(..., "flops")`` where
    TF registers it, else 0), co-location (every op consuming a resource- or ref-typed tensor shares a group with
