@@ -50,7 +50,7 @@ def run(name: str, size: str, groups: int, cache_dir: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="inception_v3,nmt,nmt4,rnnlm")
-    ap.add_argument("--size", choices=["tiny", "full"], default="full")
+    ap.add_argument("--size", choices=["tiny", "small", "full"], default="full")
     ap.add_argument("--groups", type=int, default=80, help="group count for the grouping time (default 80)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

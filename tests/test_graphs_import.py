@@ -101,7 +101,8 @@ def check_tf1(g: OpGraph) -> None:
     # `_class` colocation attr: tuple/control_dependency_1 is colocated with the MatMul_1 gradient op
     assert g.colocation[i("gradients/y_grad/tuple/control_dependency_1")] == g.colocation[i("gradients/y_grad/MatMul_1")]
     assert g.num_colocation_groups == g.num_ops - 3
-    assert (g.names[g.edge_src[0]], g.names[g.edge_dst[0]]) is not None
+    assert len(g.edge_src) == 18 and len(g.ctrl_src) == 4 and g.num_edges == 22
+    assert (g.edge_src < g.edge_dst).all() and (g.ctrl_src < g.ctrl_dst).all()  # ops in topological order
     edges = {(g.names[s], g.names[d]) for s, d in zip(g.edge_src, g.edge_dst)}
     assert ("w", "y/ReadVariableOp") in edges and ("x", "y") in edges
     assert ("w", "train/update_w/ResourceApplyGradientDescent") in edges
@@ -246,7 +247,8 @@ def test_saved_model_dir(tmp_path):
     var_ops = [k for k, t in enumerate(g.types) if t == "VarHandleOp"]
     assert sorted(g.persistent_bytes[var_ops]) == [12, 48]
     colocation_ok(g)
-    assert i  # names resolvable
+    assert g.persistent_bytes[i("w")] == 48 and g.persistent_bytes[i("b")] == 12  # variables keep their names
+    assert runtime_spec(g.meta_graph_def()).feeds == {"train_x": ("float32", (2, 4))}
     run_meta_graph(g)
 
 
@@ -404,7 +406,7 @@ def test_unknown_shapes_warn_with_fallback(caplog):
         x = tf.constant([1, 2, 2, 3], name="x")
         u, _ = tf.unique(x, name="u")
         tf.identity(u, name="out")
-    with caplog.at_level(logging.WARNING, logger="placer.graphs.load"):
+    with caplog.at_level(logging.WARNING, logger="placer.graphs"):
         og = load(g, fetches=["out"], cache=False)
     assert "unknown shape" in caplog.text and "'u'" in caplog.text
     assert og.out_bytes[og.index("out")] == 4  # unknown dim counts as 1 element of int32
@@ -458,6 +460,48 @@ def test_cache_hit(tmp_path):
     assert len(list((tmp_path / "cache").rglob("*.npz"))) == 2
 
 
+def _entry(tmp_path):
+    [f] = (tmp_path / "cache").rglob("*.npz")
+    return f
+
+
+def test_corrupt_cache_entry_is_rebuilt(tmp_path):
+    graph = tf1_graph()
+    a = load(graph, batch_size=2)
+    f = _entry(tmp_path)
+    for junk in (b"not a zip file at all", f.read_bytes()[: f.stat().st_size // 2]):   # garbage, truncated
+        f.write_bytes(junk)
+        b = load(graph, batch_size=2)
+        assert b.fingerprint == a.fingerprint and b.names == a.names and b.meta_graph == a.meta_graph
+        assert OpGraph.load(f).fingerprint == a.fingerprint   # the entry was written again, readable
+
+
+_UNPICKLED = []
+
+
+class _Trap:
+    """Records being unpickled: an old cache entry must never be unpickled."""
+
+    def __reduce__(self):
+        return (_UNPICKLED.append, ("unpickled",))
+
+
+def test_old_pickled_cache_entry_is_rebuilt_not_unpickled(tmp_path):
+    graph = tf1_graph()
+    a = load(graph, batch_size=2)
+    f = _entry(tmp_path)
+    arrays = {k: getattr(a, k) for k in OpGraph._ARRAYS}
+    np.savez(f, names=np.asarray([_Trap()] + list(a.names[1:]), dtype=object),   # the format placer used to write
+             types=np.asarray(a.types, dtype=object), fetches=np.asarray(a.fetches, dtype=object),
+             header=np.asarray([a.fingerprint, a.name], dtype=object), meta_graph=np.frombuffer(a.meta_graph, np.uint8),
+             has_meta=np.asarray(True), **arrays)
+    b = load(graph, batch_size=2)
+    assert _UNPICKLED == []
+    assert b.fingerprint == a.fingerprint and b.names == a.names
+    with np.load(f, allow_pickle=False) as z:   # rewritten in the new format: plain numbers only
+        assert all(z[k].dtype != object for k in z.files)
+
+
 def test_fingerprint_stable_across_imports():
     a = load(tf1_graph(), batch_size=2, cache=False)
     b = load(tf1_graph(), batch_size=2, cache=False)
@@ -508,6 +552,67 @@ def test_tiny_nmt_runs_and_names():
     assert sum(n.startswith("gradients/encoder/layer_0/kernel_grad/sum") for n in g.names) == 1
     out = run_meta_graph(g)
     assert np.isfinite(out[-1])
+
+
+def test_synthetic_feeds_seeded_random_and_valid():
+    from placer.graphs.models import build_model
+
+    spec = runtime_spec(build_model("nmt", size="tiny").meta_graph_def())
+    ids = ("encoder/embedding/source_ids", "decoder/embedding/target_ids", "loss/labels")
+    assert spec.feed_limits == {n: 1000 for n in ids}   # the vocabulary: embedding rows, softmax classes
+    a, b = synthetic_feeds(spec), synthetic_feeds(spec)
+    assert sorted(a) == sorted(f"{n}:0" for n in ids)
+    for k, v in a.items():
+        assert v.dtype == np.int32 and v.shape == (8, 6) and v.min() >= 0 and v.max() < 1000
+        assert len(np.unique(v)) > 20 and np.array_equal(v, b[k])   # random, and the same every call
+    assert not np.array_equal(a["loss/labels:0"], synthetic_feeds(spec, seed=1)["loss/labels:0"])
+    # floats: small normal values; integers the graph does not index with: zeros
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 4], name="x")
+        k = tf.compat.v1.placeholder(tf.int32, [3], name="k")
+        tf.add(tf.reduce_sum(x), tf.cast(tf.reduce_sum(k * 2), tf.float32), name="out")
+    spec = runtime_spec(load(g, fetches=["out"], cache=False).meta_graph_def())
+    assert spec.feed_limits == {}
+    f = synthetic_feeds(spec)
+    assert f["x:0"].dtype == np.float32 and 0.05 < f["x:0"].std() < 0.2 and not (f["k:0"] != 0).any()
+
+
+def test_runtime_spec_fallbacks_for_a_foreign_meta_graph():
+    """A MetaGraphDef placer did not write: train_op collection, variable initializers, every placeholder."""
+    graph = tf1_graph()
+    with graph.as_default():
+        tf.compat.v1.placeholder(tf.int32, None, name="no_rank")
+        mg = tf.compat.v1.train.export_meta_graph()
+    spec = runtime_spec(mg)
+    assert spec.fetches == ("train",)
+    assert spec.init_ops == ("w/Assign",)
+    assert spec.feeds == {"x": ("float32", (1, 4)), "no_rank": ("int32", ())}
+    assert len(spec.warnings) == 2 and "unknown dimensions" in spec.warnings[0] and "unknown rank" in spec.warnings[1]
+    assert runtime_spec(mg, ["loss:0"]).fetches == ("loss:0",)
+    with pytest.raises(GraphImportError, match="fetch 'nope'"):
+        runtime_spec(mg, ["nope"])
+
+
+def test_small_rnnlm_sits_between_tiny_and_full():
+    from placer.graphs.models import build_model
+
+    g = build_model("rnnlm", size="small")
+    assert build_model("rnnlm", size="tiny").num_ops < g.num_ops < 5000
+    spec = runtime_spec(g.meta_graph_def())
+    assert spec.feeds == {"embedding/input_ids": ("int32", (32, 10)), "loss/labels": ("int32", (32, 10))}
+    assert spec.feed_limits == {"embedding/input_ids": 8000, "loss/labels": 8000}
+    assert g.persistent_bytes[g.index("layer_0/kernel")] == 4 * (640 + 640) * 4 * 640
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["inception_v3", "nmt", "nmt4"])
+def test_small_models(name):
+    from placer.graphs.models import build_model
+
+    g = build_model(name, size="small")
+    assert build_model(name, size="tiny").num_ops <= g.num_ops < 5000
+    colocation_ok(g)
 
 
 def test_unknown_model():

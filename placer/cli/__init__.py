@@ -30,7 +30,7 @@ def _graph_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("graph", nargs="?", metavar="GRAPH",
                    help="graph file: .pb, .pbtxt, .meta, SavedModel dir, .keras (or use --model)")
     p.add_argument("--model", help="built-in model: inception_v3, nmt, nmt4, rnnlm")
-    p.add_argument("--size", choices=["tiny", "full"], default="full", help="built-in model size (default full)")
+    p.add_argument("--size", choices=["tiny", "small", "full"], default="full", help="built-in model size (default full)")
     p.add_argument("--batch-size", type=int, help="fixes an unknown batch dimension")
     p.add_argument("--fetch", action="append", default=[],
                    help="fetch/train-op name for a GraphDef without a train_op collection (repeatable)")

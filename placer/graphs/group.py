@@ -35,7 +35,7 @@ import re
 
 import numpy as np
 
-from placer.graphs.opgraph import OpGraph
+from placer.graphs.opgraph import OpGraph, UnionFind
 
 # op-type histogram width: the graph's most frequent types, plus one "other" column
 TOP_TYPES = 24
@@ -117,26 +117,6 @@ class Grouping:
         return m
 
 
-class _DSU:
-    def __init__(self, n: int):
-        self.p = np.arange(n)
-
-    def find(self, x: int) -> int:
-        p = self.p
-        r = x
-        while p[r] != r:
-            r = p[r]
-        while p[x] != r:
-            p[x], x = r, p[x]
-        return int(r)
-
-    def union(self, a: int, b: int) -> int:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.p[rb] = ra
-        return ra
-
-
 def proxy_op_costs(graph: OpGraph) -> np.ndarray:
     """A hardware-neutral compute estimate when no cost table is given: FLOPs at 5 TFLOP/s, bytes written
     at 200 GB/s, plus a 5 µs launch overhead per op (roughly one K80-class GPU)."""
@@ -160,7 +140,7 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
     scope_of = _choose_scopes(op_scope_parts, cost, max_groups, SCOPE_FRACTION * mean_group)
 
     # 1. co-location units
-    dsu = _DSU(n)
+    dsu = UnionFind(n)
     coloc = graph.colocation
     first = {}
     for i in range(n):

@@ -7,12 +7,42 @@ MetaGraphDef (when the graph came from TensorFlow) rides along as serialized byt
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from placer.errors import GraphImportError
+
+
+class UnionFind:
+    """Disjoint sets of 0..n-1 (scipy's `DisjointSet`), each named by a representative element: at first each
+    element itself; `union(a, b)` keeps a's representative. So a set's name depends only on the order of the
+    unions (never on the library's balancing), and so do co-location group ids and groupings.
+
+    >>> u = UnionFind(4)
+    >>> u.union(2, 0), u.union(3, 0)      # 0 joins 2's set, then 2's set joins 3's
+    (2, 3)
+    >>> [u.find(i) for i in range(4)]
+    [3, 1, 3, 3]
+    """
+
+    def __init__(self, n: int):
+        from scipy.cluster.hierarchy import DisjointSet
+
+        self._sets = DisjointSet(range(n))
+        self._rep = np.arange(n)   # by the library's root
+
+    def find(self, x: int) -> int:
+        return int(self._rep[self._sets[x]])
+
+    def union(self, a: int, b: int) -> int:
+        """Merge b's set into a's; returns the merged set's representative (a's)."""
+        ra = self.find(a)
+        self._sets.merge(a, b)
+        self._rep[self._sets[a]] = ra
+        return ra
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,22 +191,11 @@ class OpGraph:
         for s_, d_ in control:
             cs.append(_idx(s_, "control edge")), cd.append(_idx(d_, "control edge"))
 
-        # colocation: union-find
-        parent = list(range(n))
-
-        def find(x):
-            while parent[x] != x:
-                parent[x] = parent[parent[x]]
-                x = parent[x]
-            return x
-
+        sets = UnionFind(n)
         for grp in colocate:
             ids = [_idx(x, "colocation") for x in grp]
             for x in ids[1:]:
-                ra, rb = find(ids[0]), find(x)
-                if ra != rb:
-                    parent[rb] = ra
-
+                sets.union(ids[0], x)
         order = _topo_order(n, np.asarray(es + cs, dtype=np.int64), np.asarray(ed + cd, dtype=np.int64), names)
         inv = np.empty(n, dtype=np.int64)
         inv[order] = np.arange(n)
@@ -190,8 +209,8 @@ class OpGraph:
             return np.asarray([(o[j] if len(o) > j else default) for o in ops], dtype=dtype)[order]
 
         out_b = np.asarray([sum(o[2]) if isinstance(o[2], (list, tuple)) else int(o[2]) for o in ops], np.int64)[order]
-        roots = np.asarray([find(i) for i in range(n)], dtype=np.int64)[order]
-        _, coloc = np.unique(roots, return_inverse=True)
+        # group ids: the representatives' ranks in the given op order
+        _, coloc = np.unique(np.fromiter((sets.find(i) for i in range(n)), np.int64, n)[order], return_inverse=True)
         cpu_only = col(5, False, bool)
         # a co-location group with a CPU-only member is CPU-only as a whole
         if cpu_only.any():
@@ -233,60 +252,69 @@ class OpGraph:
     _ARRAYS = ("out_bytes", "persistent_bytes", "flops", "colocation", "cpu_only", "tensor_op", "tensor_bytes",
                "edge_src", "edge_dst", "edge_tensor", "ctrl_src", "ctrl_dst")
 
+    _PER_OP = ("out_bytes", "persistent_bytes", "flops", "colocation", "cpu_only")
+    SAVE_FORMAT = 2   # 1 (pickled object arrays) is no longer read
+
     def save(self, path) -> None:
-        """Save to an .npz file (arrays, names, the MetaGraphDef bytes)."""
-        arrs = {k: getattr(self, k) for k in self._ARRAYS}
+        """Save to an .npz of plain numeric arrays: the per-op/tensor/edge arrays, the MetaGraphDef bytes (uint8)
+        and a JSON header (uint8: names, types, fetches, fingerprint, name). No pickles."""
+        header = {"format": self.SAVE_FORMAT, "names": list(self.names), "types": list(self.types),
+                  "fetches": list(self.fetches), "fingerprint": self.fingerprint, "name": self.name,
+                  "has_meta_graph": self.meta_graph is not None}
         np.savez(
             path,
-            names=np.asarray(self.names, dtype=object),
-            types=np.asarray(self.types, dtype=object),
-            fetches=np.asarray(self.fetches, dtype=object),
-            header=np.asarray([self.fingerprint, self.name], dtype=object),
+            header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
             meta_graph=np.frombuffer(self.meta_graph or b"", dtype=np.uint8),
-            has_meta=np.asarray(self.meta_graph is not None),
-            **arrs,
+            **{k: getattr(self, k) for k in self._ARRAYS},
         )
 
     @staticmethod
     def load(path) -> "OpGraph":
+        """Read a file written by :meth:`save` (``allow_pickle=False``); GraphImportError when it is unreadable,
+        inconsistent or of another format."""
         try:
-            z = np.load(path, allow_pickle=True)
-            fp, nm = (str(x) for x in z["header"])
-            return OpGraph(
-                names=tuple(str(x) for x in z["names"]),
-                types=tuple(str(x) for x in z["types"]),
-                fetches=tuple(str(x) for x in z["fetches"]),
-                fingerprint=fp,
-                name=nm,
-                meta_graph=z["meta_graph"].tobytes() if bool(z["has_meta"]) else None,
-                **{k: z[k] for k in OpGraph._ARRAYS},
-            )
+            with np.load(path, allow_pickle=False) as z:
+                h = json.loads(z["header"].tobytes().decode())
+                if h.get("format") != OpGraph.SAVE_FORMAT:
+                    raise ValueError(f"format {h.get('format')!r}, expected {OpGraph.SAVE_FORMAT}")
+                arrays = {k: z[k] for k in OpGraph._ARRAYS}
+                meta = z["meta_graph"].tobytes() if h["has_meta_graph"] else None
+            g = OpGraph(names=tuple(h["names"]), types=tuple(h["types"]), fetches=tuple(h["fetches"]),
+                        fingerprint=str(h["fingerprint"]), name=str(h["name"]), meta_graph=meta, **arrays)
+            g._check_shapes()
+            return g
         except Exception as e:  # noqa: BLE001 - any unreadable cache file is one clear error
             raise GraphImportError(f"cannot read cached graph {path}: {e}") from e
 
+    def _check_shapes(self) -> None:
+        """Raise ValueError unless the arrays agree with each other (lengths, index ranges)."""
+        n, t = self.num_ops, len(self.tensor_op)
+        sizes = {k: n for k in self._PER_OP} | {"types": n, "tensor_op": t, "tensor_bytes": t,
+                                                "edge_dst": len(self.edge_src), "edge_tensor": len(self.edge_src),
+                                                "ctrl_dst": len(self.ctrl_src)}
+        for k, m in sizes.items():
+            if len(getattr(self, k)) != m:
+                raise ValueError(f"{k} has {len(getattr(self, k))} entries, expected {m}")
+        for k, m in (("tensor_op", n), ("edge_src", n), ("edge_dst", n), ("edge_tensor", t), ("ctrl_src", n),
+                     ("ctrl_dst", n)):
+            a = getattr(self, k)
+            if len(a) and (a.min() < 0 or a.max() >= m):
+                raise ValueError(f"{k} indexes outside 0..{m - 1}")
+
 
 def _topo_order(n: int, src: np.ndarray, dst: np.ndarray, names: Sequence[str]) -> np.ndarray:
-    """Kahn's algorithm, stable (ties keep the given order). Raises GraphImportError on a cycle."""
-    import heapq
+    """Topological order, stable: of the ops ready, the first given goes first (Kahn's algorithm with a heap,
+    networkx's `lexicographical_topological_sort`). Raises GraphImportError naming a cycle's ops."""
+    import networkx as nx
 
-    indeg = np.bincount(dst, minlength=n).astype(np.int64) if len(dst) else np.zeros(n, np.int64)
-    succ_order = np.argsort(src, kind="stable")
-    starts = np.searchsorted(src[succ_order], np.arange(n + 1)) if len(src) else np.zeros(n + 1, np.int64)
-    succ = dst[succ_order]
-    heap = [i for i in range(n) if indeg[i] == 0]
-    heapq.heapify(heap)
-    out = []
-    while heap:
-        i = heapq.heappop(heap)
-        out.append(i)
-        for j in succ[starts[i]:starts[i + 1]]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(heap, int(j))
-    if len(out) != n:
-        stuck = [names[i] for i in range(n) if indeg[i] > 0][:5]
-        raise GraphImportError(f"the graph has a cycle through ops {stuck}")
-    return np.asarray(out, dtype=np.int64)
+    g = nx.DiGraph()
+    g.add_nodes_from(range(n))
+    g.add_edges_from(zip(src.tolist(), dst.tolist()))
+    try:
+        return np.fromiter(nx.lexicographical_topological_sort(g), np.int64, n)
+    except nx.NetworkXUnfeasible:
+        cycle = [names[u] for u, _ in nx.find_cycle(g)]
+        raise GraphImportError(f"the graph has a cycle through ops {cycle[:5]}") from None
 
 
 # ops whose output is the variable's own buffer on the variable's device: TF's ReadVariableOp kernel returns the

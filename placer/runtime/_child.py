@@ -104,7 +104,7 @@ class _State:
         tf = self.tf
         from tensorflow.core.protobuf import meta_graph_pb2
 
-        from placer.runtime.graphspec import runnable_parts
+        from placer.graphs.runnable import runtime_spec, synthetic_feeds
 
         mg = meta_graph_pb2.MetaGraphDef()
         mg.ParseFromString(req["meta_graph"])
@@ -112,7 +112,7 @@ class _State:
             from placer.runtime.allowlist import check_graph
 
             check_graph(mg.graph_def)
-        parts = runnable_parts(mg, list(req.get("fetches") or ()))
+        spec = runtime_spec(mg, list(req.get("fetches") or ()))
         gd = mg.graph_def
         for node in gd.node:           # devices come from placements only
             node.device = ""
@@ -125,26 +125,13 @@ class _State:
         named = set(names)
         self.other_ops = [op for op in g.get_operations() if op.name not in named]
         self.graph, self.graph_def, self.names = g, gd, names
-        self.fetches = [_fetch(g, f) for f in parts.fetches]
-        self.init_ops = [g.get_operation_by_name(n) for n in parts.init_ops]
-        import numpy as np
-
-        rng = np.random.default_rng(0)
-        self.feed = {}
-        for name, shape, dtype in parts.feeds:
-            t = g.get_tensor_by_name(name + ":0")
-            npd = tf.dtypes.as_dtype(dtype).as_numpy_dtype
-            if np.issubdtype(npd, np.floating):
-                val = (rng.standard_normal(shape) * 0.1).astype(npd)
-            elif npd == np.bool_:
-                val = np.zeros(shape, dtype=bool)
-            elif np.issubdtype(npd, np.number):
-                val = np.zeros(shape, dtype=npd)
-            else:
-                val = np.full(shape, b"", dtype=object)
-            self.feed[t] = val
-        return {"feeds": parts.feeds, "fetches": parts.fetches, "init": parts.init_ops, "warnings": parts.warnings,
-                "load_s": time.perf_counter() - t0, "missing": [n for n, o in zip(names, self.ops) if o is None][:20]}
+        self.fetches = [_fetch(g, f) for f in spec.fetches]
+        self.init_ops = [g.get_operation_by_name(n) for n in spec.init_ops]
+        self.feed = {g.get_tensor_by_name(k): v for k, v in synthetic_feeds(spec).items()}
+        feeds = [(n, shape, tf.as_dtype(dt).as_datatype_enum) for n, (dt, shape) in spec.feeds.items()]
+        return {"feeds": feeds, "fetches": list(spec.fetches), "init": list(spec.init_ops),
+                "warnings": list(spec.warnings), "load_s": time.perf_counter() - t0,
+                "missing": [n for n, o in zip(names, self.ops) if o is None][:20]}
 
     def measure(self, req: dict) -> dict:
         tf = self.tf

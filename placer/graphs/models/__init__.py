@@ -3,18 +3,23 @@
     from placer.graphs.models import build_model, MODELS
     g = build_model("nmt4")                 # full size (the paper's benchmark), cached after the first build
     t = build_model("rnnlm", size="tiny")   # a few seconds: tests and demos
+    s = build_model("nmt", size="small")    # a step of ~0.1-0.5 s on one CPU core: real measurements
 
 Models (sizes and their sources: benchmarks/README.md)
 -------------------------------------------------------
 * ``inception_v3``: Keras 3 ``keras.applications.InceptionV3(weights=None)``, batch 32, 299x299x3, 1000 classes,
   categorical cross-entropy, RMSProp; the imported graph is the whole training step (forward, loss, gradients,
-  optimizer update). ``tiny``: a 2-block Inception-style Keras net on 32x32x3, batch 4, same loss/optimizer.
+  optimizer update). ``tiny``: a 2-block Inception-style Keras net on 32x32x3, batch 4, same loss/optimizer;
+  ``small``: 3 wider blocks on 96x96x3, 100 classes, batch 20.
 * ``nmt`` / ``nmt4``: GNMT-style encoder-decoder, 2 / 4 LSTM layers each side, hidden 1024, vocab 32,000 both
   sides, batch 64, 40 source and 40 target steps, additive (Bahdanau) attention with input feeding, softmax,
   Adam; built directly as a TF1 graph, LSTMs UNROLLED (every time step is separate ops).
-  ``tiny``: hidden 64, vocab 1000, seq 6, batch 8.
+  ``tiny``: hidden 64, vocab 1000, seq 6, batch 8; ``small``: hidden 384, vocab 8000, seq 8, batch 32.
 * ``rnnlm``: 2-layer unrolled LSTM language model, hidden 2048, vocab 32,000, batch 64, 40 steps, SGD.
-  ``tiny``: hidden 64, vocab 1000, seq 6, batch 8.
+  ``tiny``: hidden 64, vocab 1000, seq 6, batch 8; ``small``: hidden 640, vocab 8000, seq 10, batch 32.
+
+``small`` sits between: its training step takes roughly 0.1-0.5 s on ONE CPU core (intra/inter-op threads 1),
+so a real 2-task TF cluster (a core per task) can time it, and it has a few thousand ops at most.
 
 Op naming convention of the LSTM models (the expert baseline parses it)
 ------------------------------------------------------------------------
@@ -48,11 +53,12 @@ from __future__ import annotations
 from typing import Callable
 
 from placer.errors import GraphImportError
+from placer.graphs.cache import cached
 from placer.graphs.opgraph import OpGraph
 
 MODELS_VERSION = 4  # bump when a builder changes (invalidates cached builds)
 MODELS: tuple[str, ...] = ("inception_v3", "nmt", "nmt4", "rnnlm")
-SIZES = ("tiny", "full")
+SIZES = ("tiny", "small", "full")
 
 
 def _builder(name: str) -> Callable[[str, int | None], OpGraph]:
@@ -86,10 +92,8 @@ def build_model(name: str, size: str = "full", batch_size: int | None = None, *,
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
         raise GraphImportError(f"batch size must be a positive integer, got {batch_size!r}")
     build = _builder(name)
-    from placer.graphs.load import _cached
-
     key = ("model", name, size, batch_size, MODELS_VERSION)
-    return _cached(key, lambda: build(size, batch_size), cache)
+    return cached(key, lambda: build(size, batch_size), cache)
 
 
 __all__ = ["MODELS", "SIZES", "build_model"]

@@ -8,6 +8,7 @@ import logging
 import re
 from dataclasses import dataclass
 
+from placer.graphs.cleanup import convert_graph_def, op_name, rename_inputs
 from placer.graphs.opgraph import OpGraph
 
 
@@ -24,6 +25,12 @@ class LSTMConfig:
 NMT_FULL = dict(hidden=1024, vocab=32000, seq_len=40, batch=64)
 RNNLM_FULL = dict(hidden=2048, vocab=32000, seq_len=40, batch=64)
 TINY = dict(hidden=64, vocab=1000, seq_len=6, batch=8)
+# between the two: a training step of roughly 0.1-0.5 s on one CPU core, a few thousand ops (measured sizes:
+# benchmarks/README.md)
+NMT_SMALL = dict(hidden=384, vocab=8000, seq_len=8, batch=32)
+RNNLM_SMALL = dict(hidden=640, vocab=8000, seq_len=10, batch=32)
+NMT_SIZES = {"tiny": TINY, "small": NMT_SMALL, "full": NMT_FULL}
+RNNLM_SIZES = {"tiny": TINY, "small": RNNLM_SMALL, "full": RNNLM_FULL}
 
 
 def _lstm_step(tf, x, h, c, kernel, bias, scope: str):
@@ -87,8 +94,6 @@ class _SoftmaxLoss:
 
 
 def _finish(tf, g, loss, optimizer, name: str) -> OpGraph:
-    from placer.graphs.load import _convert
-
     with g.as_default():
         params = tf.compat.v1.trainable_variables()
         grads = tf.compat.v1.gradients(loss, params)
@@ -96,7 +101,7 @@ def _finish(tf, g, loss, optimizer, name: str) -> OpGraph:
         with tf.control_dependencies([train]):
             train_op = tf.no_op(name="train_op")
     gd = _name_gradient_sums(g.as_graph_def())
-    return _convert(gd, ["train_op", loss.name], batch_size=None, name=name, where=f"model {name!r}",
+    return convert_graph_def(gd, ["train_op", loss.name], batch_size=None, name=name, where=f"model {name!r}",
                     unknown_level=logging.INFO)
 
 
@@ -106,12 +111,10 @@ def _name_gradient_sums(gd):
     A sum aggregates the gradients of one forward tensor and feeds that tensor's producer's gradient, so it is
     renamed after its first consumer's `gradients/<forward op>_grad/` scope (keeps the naming convention total).
     """
-    from placer.graphs.load import _op_name, _rename_inputs
-
     consumers: dict[str, list[str]] = {}
     for n in gd.node:
         for i in n.input:
-            consumers.setdefault(_op_name(i), []).append(n.name)
+            consumers.setdefault(op_name(i), []).append(n.name)
     names = {n.name for n in gd.node}
     rename: dict[str, str] = {}
     for n in gd.node:
@@ -134,7 +137,7 @@ def _name_gradient_sums(gd):
     for n in gd.node:
         if n.name in rename:
             n.name = rename[n.name]
-    _rename_inputs(gd, rename)
+    rename_inputs(gd, rename)
     return gd
 
 
@@ -142,7 +145,7 @@ def build_nmt(size: str, batch_size: int | None, *, num_layers: int = 2, name: s
     """GNMT-style NMT training step: unrolled LSTM encoder/decoder, additive attention, softmax, Adam."""
     import tensorflow as tf
 
-    p = dict(NMT_FULL if size == "full" else TINY)
+    p = dict(NMT_SIZES[size])
     if batch_size:
         p["batch"] = batch_size
     H, V, T, B, L = p["hidden"], p["vocab"], p["seq_len"], p["batch"], num_layers
@@ -201,7 +204,7 @@ def build_rnnlm(size: str, batch_size: int | None) -> OpGraph:
     """2-layer unrolled LSTM language model training step (embedding, LSTMs, per-step softmax, SGD)."""
     import tensorflow as tf
 
-    p = dict(RNNLM_FULL if size == "full" else TINY)
+    p = dict(RNNLM_SIZES[size])
     if batch_size:
         p["batch"] = batch_size
     H, V, T, B, L = p["hidden"], p["vocab"], p["seq_len"], p["batch"], 2
