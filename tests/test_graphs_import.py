@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from placer.errors import GraphImportError
-from placer.graphs import OpGraph, load, load_from_args
+from placer.cli import load_from_args
+from placer.graphs import OpGraph, load
 from placer.graphs.load import runtime_spec, synthetic_feeds
 
 tf = pytest.importorskip("tensorflow")

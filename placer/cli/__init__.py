@@ -36,6 +36,25 @@ def _graph_args(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="fetch/train-op name for a GraphDef without a train_op collection (repeatable)")
 
 
+def load_from_args(args):
+    """The CLI's graph selection: positional GRAPH or ``--model NAME [--size] [--batch-size] [--fetch]``."""
+    from placer.errors import GraphImportError
+    from placer.graphs import load
+
+    path = getattr(args, "graph", None)
+    model = getattr(args, "model", None)
+    if path and model:
+        raise GraphImportError(f"give either a graph file ({path}) or --model {model}, not both")
+    if not path and not model:
+        raise GraphImportError("no graph given: pass a graph file (.pb, .pbtxt, .meta, SavedModel dir, .keras) or --model NAME")
+    bs = getattr(args, "batch_size", None)
+    if model:
+        from placer.graphs.models import build_model
+
+        return build_model(model, size=getattr(args, "size", None) or "full", batch_size=bs)
+    return load(path, fetches=getattr(args, "fetch", None) or None, batch_size=bs)
+
+
 def _json_flag(p):
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -114,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="rnnlm,nmt,nmt4,inception_v3")
     p.add_argument("--gpus", default="2,4")
     p.add_argument("--kind", default="K80")
-    p.add_argument("--size", choices=["tiny", "full"], default="full")
+    p.add_argument("--size", choices=["tiny", "small", "full"], default="full")
     p.add_argument("--reward", choices=["sim", "measure"], default="sim")
     p.add_argument("--budget", type=float, default=600.0, help="search seconds per cell")
     p.add_argument("--seed", type=int, default=0)

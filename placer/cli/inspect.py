@@ -8,7 +8,7 @@ from placer.errors import fmt_bytes
 
 
 def run_inspect(args) -> int:
-    from placer.graphs import load_from_args
+    from placer.cli import load_from_args
     from placer.graphs.group import group
 
     t0 = time.perf_counter()

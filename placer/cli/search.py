@@ -43,7 +43,7 @@ def _load_args(out: Path, args):
 
 def run_search(args) -> int:
     """`placer search` (see CLI.md)."""
-    from placer.graphs import load_from_args
+    from placer.cli import load_from_args
 
     resume = bool(getattr(args, "resume", None))
     if resume:

@@ -12,7 +12,7 @@ import time
 
 def run_simulate(args) -> int:
     from placer.cli import print_json
-    from placer.graphs import load_from_args
+    from placer.cli import load_from_args
     from placer.problem import build_problem
     from placer.sim.cluster import cluster_from_args
     from placer.sim.simulator import Simulator

@@ -5,8 +5,8 @@ Note: the name `placer.graphs.load` is the FUNCTION (it shadows the submodule of
 `load` (dispatch by source kind), `files`, `trace`, `cleanup`, `opfacts`, `cache`, `runnable` (reading the
 runnable MetaGraphDef: `runtime_spec`, `synthetic_feeds`), `opgraph`, `group`, `models`.
 """
-from placer.graphs.load import load, load_from_args
+from placer.graphs.load import load
 from placer.graphs.opgraph import OpGraph
 from placer.graphs.runnable import RuntimeSpec, runtime_spec, synthetic_feeds
 
-__all__ = ["OpGraph", "RuntimeSpec", "load", "load_from_args", "runtime_spec", "synthetic_feeds"]
+__all__ = ["OpGraph", "RuntimeSpec", "load", "runtime_spec", "synthetic_feeds"]

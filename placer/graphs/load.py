@@ -99,7 +99,7 @@ from placer.graphs.runnable import RuntimeSpec, runtime_spec, synthetic_feeds
 from placer.graphs.trace import (check_compiled, convert_concrete, convert_keras, function_name, keras_key,
                                  load_keras_file)
 
-__all__ = ["RuntimeSpec", "cache_dir", "load", "load_from_args", "runtime_spec", "synthetic_feeds"]
+__all__ = ["RuntimeSpec", "cache_dir", "load", "runtime_spec", "synthetic_feeds"]
 
 
 def load(
@@ -147,22 +147,6 @@ def load(
     raise GraphImportError(
         f"cannot import a {type(source).__name__}: expected a tf.Graph, GraphDef, MetaGraphDef, file path, "
         "tf.function ConcreteFunction or compiled Keras model")
-
-
-def load_from_args(args) -> OpGraph:
-    """The CLI's graph selection: positional GRAPH or ``--model NAME [--size] [--batch-size] [--fetch]``."""
-    path = getattr(args, "graph", None)
-    model = getattr(args, "model", None)
-    if path and model:
-        raise GraphImportError(f"give either a graph file ({path}) or --model {model}, not both")
-    if not path and not model:
-        raise GraphImportError("no graph given: pass a graph file (.pb, .pbtxt, .meta, SavedModel dir, .keras) or --model NAME")
-    bs = getattr(args, "batch_size", None)
-    if model:
-        from placer.graphs.models import build_model
-
-        return build_model(model, size=getattr(args, "size", None) or "full", batch_size=bs)
-    return load(path, fetches=getattr(args, "fetch", None) or None, batch_size=bs)
 
 
 # --------------------------------------------------------------------------------------------- source kinds
