@@ -15,11 +15,11 @@ from placer._version import __version__  # noqa: F401
 # imported, so this has no effect if TensorFlow was imported before placer, and a value you set wins.
 _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
-__all__ = ["place", "Placement", "SearchResult", "__version__"]
+__all__ = ["place", "replace", "Placement", "SearchResult", "__version__"]
 
 
 def __getattr__(name):  # lazy exports keep `import placer` light
-    if name in ("place", "Placement", "SearchResult"):
+    if name in ("place", "replace", "Placement", "SearchResult"):
         from placer import api
 
         return getattr(api, name)

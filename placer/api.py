@@ -12,8 +12,9 @@ from placer.placement import (BUILTIN_PLACEMENTS, DeviceFunction, Placement, ran
                               round_robin_placement, single_placement)
 from placer.problem import build_problem, resolve_placement  # noqa: F401
 from placer.search import SearchResult, search
+from placer.search import replace as _replace
 
-__all__ = ["place", "Placement", "SearchResult", "resolve_placement"]
+__all__ = ["place", "replace", "Placement", "SearchResult", "resolve_placement"]
 
 
 def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seconds: float = 300,
@@ -56,3 +57,16 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
         if evaluator is not None:
             evaluator.close()
         problem.close()
+
+
+def replace(result_or_run_dir, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int | None = None,
+            progress: bool = False, max_updates: int | None = None) -> SearchResult:
+    """Re-place a search's graph onto the devices left after losing `exclude` (names like "/GPU:3"): a quick
+    answer first (`.extra["quick_s"]`), then `budget_seconds` of search from the run's own policy.
+    `result_or_run_dir`: the directory a search wrote (`place(..., out_dir=DIR)`, `placer search --out DIR`) or
+    the SearchResult of such a search. See `placer.search.replace`."""
+    from placer._tf import hide_gpus
+
+    hide_gpus()
+    return _replace(result_or_run_dir, exclude, budget_seconds=budget_seconds, out_dir=out_dir, seed=seed,
+                    progress=progress, max_updates=max_updates)

@@ -121,7 +121,7 @@ def compute_baselines(graph: OpGraph, cluster: Cluster, cost: np.ndarray, seed: 
 def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" = None, *,
                   devices: "str | Sequence[str] | None" = None, costs=None, max_groups: int | None = None,
                   allow_cpu: bool = False, seed: int = 0, baselines: bool = True,
-                  check_memory: bool = True) -> PlacementProblem:
+                  check_memory: bool = True, grouping: Grouping | None = None) -> PlacementProblem:
     """Build the problem of placing `graph` on `cluster` (simulated hardware: "4xK80", a cluster JSON path or a
     Cluster) or on real `devices` ("cpu:2", TF device names, a tasks file: the cluster is built from them). With
     both, `cluster` models `devices` (e.g. the cluster.json `placer calibrate` wrote for them): its device names
@@ -132,6 +132,7 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
     not CPU-only use the host CPU too (off by default: on GPU clusters the CPU is a slow trap that never runs out
     of memory, and CLI.md's "N devices" are the GPUs). baselines=False skips computing them, and
     check_memory=False skips the up-front check that the variables fit (`placer simulate` reports OOM instead).
+    grouping: reuse this grouping of `graph` instead of grouping it again (re-placement keeps a run's groups).
 
     >>> from placer.graphs.opgraph import OpGraph
     >>> g = OpGraph.build([("a", "MatMul", 4), ("b", "MatMul", 4)], [("a", "b")])
@@ -157,8 +158,9 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
     gpus = cluster.gpu_indices
     if check_memory:
         check_total_memory(graph, cluster, list(range(cluster.num_devices)) if allow_cpu else sorted(set(gpus)))
-    G = int(max_groups) if max_groups else default_max_groups(len(gpus))
-    grouping = group(graph, max_groups=G, op_costs=np.where(np.isfinite(cost[:, gpus[0]]), cost[:, gpus[0]], 0.0))
+    if grouping is None:
+        G = int(max_groups) if max_groups else default_max_groups(len(gpus))
+        grouping = group(graph, max_groups=G, op_costs=np.where(np.isfinite(cost[:, gpus[0]]), cost[:, gpus[0]], 0.0))
     allowed = group_allowed(grouping, cost, cluster.cpu_index)
     cpu = cluster.cpu_index
     if not allow_cpu and cpu is not None and cpu not in gpus:
@@ -198,3 +200,37 @@ def resolve_placement(spec: str, graph: OpGraph, cluster: Cluster, seed: int = 0
         return Placement.load(spec).to_indices(graph, cluster.device_names)
     valid = list(BUILTIN_PLACEMENTS) + sorted(BASELINES)
     raise PlacementError(f"unknown placement {spec!r}: use one of {valid} or a placement.json path")
+
+
+def cluster_without(cluster: Cluster, exclude: Sequence[str]) -> tuple[Cluster, list[int]]:
+    """The cluster of the survivors when the devices `exclude` are lost, and the old index of each survivor.
+    ClusterError (one line) for a name the cluster does not have, or when no accelerator would be left."""
+    from dataclasses import replace as dc_replace
+
+    from placer.errors import ClusterError
+    from placer.placement import _canon as canon
+
+    names = [canon(d) for d in cluster.device_names]
+    drop = []
+    for d in exclude:
+        if canon(d) not in names:
+            raise ClusterError(f"cannot exclude {d!r}: cluster {cluster.name!r} has devices {cluster.device_names}")
+        drop.append(names.index(canon(d)))
+    keep = [i for i in range(cluster.num_devices) if i not in drop]
+    if not keep or all(cluster.devices[i].is_cpu for i in keep) and any(not d.is_cpu for d in cluster.devices):
+        raise ClusterError(f"excluding {', '.join(exclude)} leaves no accelerator of cluster {cluster.name!r} "
+                           f"({', '.join(cluster.device_names)})")
+    ix = np.ix_(keep, keep)
+    meta = {k: v for k, v in cluster.meta.items() if k != "link_shared"}
+    shared = {}
+    for key, name in cluster.meta.get("link_shared", {}).items():
+        i, j = (int(x) for x in key.split(","))
+        if i in keep and j in keep:
+            shared[f"{keep.index(i)},{keep.index(j)}"] = name
+    if shared:
+        meta["link_shared"] = shared
+    meta["excluded"] = [cluster.device_names[i] for i in drop]
+    out = dc_replace(cluster, devices=tuple(cluster.devices[i] for i in keep),
+                     bandwidth=np.asarray(cluster.bandwidth)[ix].copy(), latency=np.asarray(cluster.latency)[ix].copy(),
+                     name=f"{cluster.name} without {', '.join(cluster.device_names[i] for i in drop)}", meta=meta)
+    return out, keep

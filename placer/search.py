@@ -75,30 +75,35 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
         raise SearchError(f"the evaluator's devices {list(evaluator.devices)} are not the problem's "
                           f"{problem.device_names}")
     t0 = time.perf_counter()
-    cluster, grouping = problem.cluster, problem.grouping
+    cluster = problem.cluster
     out = Path(out_dir) if out_dir is not None else None
-    s = Search(grouping, evaluator, cpu_index=cluster.cpu_index, allowed=problem.allowed,
+    s = Search(problem.grouping, evaluator, cpu_index=cluster.cpu_index, allowed=problem.allowed,
                baselines=problem.baselines, config=config or ReinforceConfig(seed=seed), seed=seed, out_dir=out,
                progress=progress, device_capacity=[d.capacity_bytes for d in cluster.devices])
     if resume and (out is None or not s.load_checkpoint()):
         raise SearchError(f"no checkpoint to resume in {out / 'checkpoint' if out else '(no directory)'}")
     res = s.run(budget_seconds, max_updates=max_updates, patience=patience)
-    baselines: dict[str, float | None] = {k: None for k in problem.baseline_errors}
-    baselines.update(res.baselines)
-    extra: dict[str, Any] = {
-        "source": res.source, "updates": res.updates, "stop_reason": res.stop_reason, "groups": grouping.num_groups,
-        "devices": cluster.device_names, "cost_source": problem.cost_source,
-        "baseline_errors": {**problem.baseline_errors, **res.baseline_failures}, "failure_step_time_s": res.failure_step_time,
-        "search_wall_s": res.wall_s, "total_wall_s": time.perf_counter() - t0, "config": s.config.to_dict(),
-    }
+    result = _result(problem, res, t0, out, config=s.config.to_dict(), failure_step_time_s=res.failure_step_time)
     if remeasure and reward == "sim" and problem.devices is not None:
-        extra["measured"] = remeasure_best(problem, res)
-    result = SearchResult(placement=problem.placement(res.placement), step_time=float(res.step_time),
-                          search_best=float(res.search_best), baselines=baselines, lower_bound=problem.lower_bound,
-                          history=res.history, evaluations=res.evaluations, wall_s=float(res.wall_s), extra=extra)
+        result.extra["measured"] = remeasure_best(problem, res)
     if out is not None:
         write_outputs(out, problem, res, result, reward=reward, seed=seed, model_name=model_name or problem.graph.name)
     return result
+
+
+def _result(problem: PlacementProblem, res, t0: float, out: Path | None, **extra) -> SearchResult:
+    """The SearchResult of the rl loop's result `res` on `problem` (`extra` adds keys to `.extra`)."""
+    baselines: dict[str, float | None] = {k: None for k in problem.baseline_errors}
+    baselines.update(res.baselines)
+    info: dict[str, Any] = {
+        "source": res.source, "updates": res.updates, "stop_reason": res.stop_reason,
+        "groups": problem.grouping.num_groups, "devices": problem.device_names, "cost_source": problem.cost_source,
+        "baseline_errors": {**problem.baseline_errors, **res.baseline_failures},
+        "search_wall_s": res.wall_s, "total_wall_s": time.perf_counter() - t0,
+        "out_dir": str(out) if out is not None else None, **extra}
+    return SearchResult(placement=problem.placement(res.placement), step_time=float(res.step_time),
+                        search_best=float(res.search_best), baselines=baselines, lower_bound=problem.lower_bound,
+                        history=res.history, evaluations=res.evaluations, wall_s=float(res.wall_s), extra=info)
 
 
 def remeasure_best(problem: PlacementProblem, res) -> list[dict]:
@@ -135,7 +140,7 @@ def _finite(x) -> float | None:
 
 
 def write_outputs(out: Path, problem: PlacementProblem, res, result: SearchResult, *, reward: str, seed: int,
-                  model_name: str) -> None:
+                  model_name: str, more: dict | None = None) -> None:
     """placement.json, placed.meta, trace.json and summary.json (curve.png, tb/ and checkpoint/ are written by
     the search loop)."""
     from placer.sim.trace import write_trace
@@ -143,6 +148,7 @@ def write_outputs(out: Path, problem: PlacementProblem, res, result: SearchResul
     graph, cluster = problem.graph, problem.cluster
     out.mkdir(parents=True, exist_ok=True)
     result.placement.save(out / "placement.json")
+    save_run_problem(out, problem)
     try:
         placed = result.placement.apply(graph)
         tmp = out / "placed.meta.tmp"
@@ -170,6 +176,165 @@ def write_outputs(out: Path, problem: PlacementProblem, res, result: SearchResul
     }
     if "measured" in x:
         summary["measured"] = x["measured"]
+    summary.update(more or {})
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))
     os.replace(tmp, out / "summary.json")
+
+
+# ---------------------------------------------------------------------------------------------- re-placement
+RUN_GRAPH, RUN_CLUSTER, RUN_PROBLEM = "graph.npz", "cluster.json", "problem.npz"
+
+
+def save_run_problem(out: Path, problem: PlacementProblem) -> None:
+    """What `replace` needs to rebuild a run's problem without the user's graph source: the OpGraph
+    (`graph.npz`, no pickles), the cluster (`cluster.json`, a cluster JSON) and the cost matrix, grouping and
+    settings (`problem.npz` of plain arrays + a JSON header)."""
+    from placer.sim.cluster import to_json
+
+    problem.graph.save(out / (RUN_GRAPH + ".tmp.npz"))
+    os.replace(out / (RUN_GRAPH + ".tmp.npz"), out / RUN_GRAPH)
+    to_json(problem.cluster, out / RUN_CLUSTER)
+    gr = problem.grouping
+    header = {"format": 1, "fingerprint": problem.graph.fingerprint, "seed": int(problem.seed),
+              "allow_cpu": bool(problem.allow_cpu), "cost_source": problem.cost_source,
+              "num_groups": int(gr.num_groups), "feature_names": list(gr.feature_names)}
+    tmp = out / (RUN_PROBLEM + ".tmp.npz")
+    np.savez(tmp, header=np.frombuffer(json.dumps(header).encode(), np.uint8), cost=problem.cost,
+             op_group=gr.op_group, features=gr.features, cpu_only=gr.cpu_only, adjacency=gr.adjacency,
+             op_cpu_only=gr.op_cpu_only, group_cost=gr.group_cost)
+    os.replace(tmp, out / RUN_PROBLEM)
+
+
+def load_run_problem(run_dir: Path):
+    """(graph, cluster, cost matrix, grouping, header) of a run directory written by `search` (SearchError, one
+    line, naming what is missing)."""
+    from placer.graphs.group import Grouping
+    from placer.graphs.opgraph import OpGraph
+    from placer.sim.cluster import parse_cluster
+
+    missing = [f for f in (RUN_GRAPH, RUN_CLUSTER, RUN_PROBLEM, "placement.json") if not (run_dir / f).exists()]
+    if missing:
+        raise SearchError(f"{run_dir} is not a search directory of this placer version (no {', '.join(missing)}); "
+                          "re-placement needs the directory `placer search --out` wrote")
+    try:
+        graph = OpGraph.load(run_dir / RUN_GRAPH)
+        cluster = parse_cluster(str(run_dir / RUN_CLUSTER))
+        with np.load(run_dir / RUN_PROBLEM, allow_pickle=False) as z:
+            h = json.loads(z["header"].tobytes().decode())
+            a = {k: z[k] for k in z.files if k != "header"}
+    except (PlacerError, OSError, ValueError, KeyError) as e:
+        raise SearchError(f"cannot read the run in {run_dir}: {e}") from None
+    if h.get("fingerprint") != graph.fingerprint:
+        raise SearchError(f"{run_dir / RUN_PROBLEM} is for graph {h.get('fingerprint')}, not {graph.fingerprint}")
+    grouping = Grouping(op_group=a["op_group"], num_groups=int(h["num_groups"]), features=a["features"],
+                        cpu_only=a["cpu_only"], adjacency=a["adjacency"], op_cpu_only=a["op_cpu_only"],
+                        group_cost=a["group_cost"], feature_names=tuple(h.get("feature_names", ())))
+    return graph, cluster, a["cost"], grouping, h
+
+
+def moved_off(problem: PlacementProblem, old: np.ndarray, keep: list[int], old_cluster) -> np.ndarray:
+    """The quick fix of a placement after device loss: every group that had an op on a lost device goes, whole,
+    to the least-loaded surviving device it may use whose memory still holds it (by an additive estimate: the
+    group's variables and outputs); the other ops keep their devices. Returns an op→device placement over the
+    survivors (`problem.cluster`)."""
+    gr, cost = problem.grouping, problem.cost
+    new_of = {o: k for k, o in enumerate(keep)}
+    lost = np.array([int(d) not in new_of for d in old])
+    out = np.array([new_of.get(int(d), -1) for d in old], np.int64)
+    D = problem.cluster.num_devices
+    load = np.zeros(D)
+    np.add.at(load, out[~lost], np.where(np.isfinite(cost[np.flatnonzero(~lost), out[~lost]]),
+                                         cost[np.flatnonzero(~lost), out[~lost]], 0.0))
+    mem_op = np.asarray(problem.graph.persistent_bytes, np.float64) + np.asarray(problem.graph.out_bytes, np.float64)
+    used = np.zeros(D)
+    np.add.at(used, out[~lost], mem_op[~lost])
+    cap = np.array([d.capacity_bytes for d in problem.cluster.devices], np.float64)
+    groups = np.unique(gr.op_group[lost])
+    gcost = np.bincount(gr.op_group, weights=np.nan_to_num(cost.min(axis=1), posinf=0.0), minlength=gr.num_groups)
+    for g in groups[np.argsort(-gcost[groups])]:          # heaviest first
+        ops = np.flatnonzero(gr.op_group == g)
+        need = float(mem_op[ops].sum())
+        allowed = np.flatnonzero(problem.allowed[g])
+        fits = [d for d in allowed if used[d] + need <= cap[d]]
+        pool = fits or list(allowed)
+        d = min(pool, key=lambda j: (load[j], -(cap[j] - used[j])))
+        out[ops] = d
+        load[d] += float(np.nan_to_num(cost[ops, d], posinf=0.0).sum())
+        used[d] += need
+    if problem.cluster.cpu_index is not None:
+        out[np.asarray(gr.op_cpu_only, bool)] = problem.cluster.cpu_index
+    return out
+
+
+def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int | None = None,
+            progress: bool = False, config=None, max_updates: int | None = None) -> SearchResult:
+    """Re-place a finished (or killed) search's graph onto the devices left when `exclude` are lost.
+
+    `run`: the search's output directory, or the SearchResult of a `place(..., out_dir=...)`. First, before
+    any learning, the quick answer: the best (simulated) of the old placement with the lost devices' groups moved
+    to the least-loaded survivor that holds them (`moved_off`) and of every baseline recomputed on the
+    survivors. Then a search of `budget_seconds` on the survivors starting from the run's policy (its device
+    softmax restricted to the survivors; `Search.restore_policy`), or, when the policy cannot be restored, a cold
+    search (said in `extra["notice"]`). Returns the SearchResult; `extra` holds `excluded`, `quick_s`,
+    `quick_wall_s`, `quick_source`, `restored` and `notice`. Writes the usual files into `out_dir`, with
+    "excluded" and "quick_s" in summary.json."""
+    from placer.problem import build_problem, cluster_without
+    from placer.rl.reinforce import ReinforceConfig, group_majority
+    from placer.rl.search import Search
+
+    t0 = time.perf_counter()
+    run_dir = Path(run.extra.get("out_dir") or "") if isinstance(run, SearchResult) else Path(run)
+    if isinstance(run, SearchResult) and not run.extra.get("out_dir"):
+        raise SearchError("re-placement needs the search's directory: call place(..., out_dir=DIR) or pass DIR")
+    if isinstance(exclude, str):
+        exclude = [x for x in exclude.split(",") if x.strip()]
+    if not exclude:
+        raise SearchError("name the lost devices to exclude, e.g. --exclude /GPU:3")
+    graph, cluster, cost, grouping, h = load_run_problem(run_dir)
+    survivors, keep = cluster_without(cluster, exclude)
+    seed = int(h.get("seed", 0)) if seed is None else int(seed)
+    problem = build_problem(graph, survivors, costs=np.ascontiguousarray(cost[:, keep]), grouping=grouping, seed=seed,
+                            allow_cpu=bool(h.get("allow_cpu", False)))
+    try:
+        from placer.placement import Placement
+
+        old = Placement.load(run_dir / "placement.json").to_indices(graph, cluster.device_names)
+        cands = {"moved": moved_off(problem, old, keep, cluster), **problem.baselines}
+        outs = problem.simulator.evaluate(list(cands.values()))
+        ok = {k: o.step_time for k, o in zip(cands, outs) if o.ok and np.isfinite(o.step_time)}
+        if not ok:
+            reasons = "; ".join(f"{k}: {o.reason}" for k, o in list(zip(cands, outs))[:3])
+            raise SearchError(f"no placement of {graph.name!r} fits on the survivors "
+                              f"({', '.join(survivors.device_names)}): {reasons}")
+        quick_source = min(ok, key=ok.get)
+        quick_s, quick_wall = float(ok[quick_source]), time.perf_counter() - t0
+        log.info("quick answer after losing %s: %s, %.4g s (%.1f s)", exclude, quick_source, quick_s, quick_wall)
+        s = Search(problem.grouping, problem.simulator, cpu_index=survivors.cpu_index, allowed=problem.allowed,
+                   baselines=cands, config=config or ReinforceConfig(seed=seed), seed=seed,
+                   out_dir=Path(out_dir) if out_dir is not None else None, progress=progress,
+                   device_capacity=[d.capacity_bytes for d in survivors.devices])
+        why = s.restore_policy(run_dir / "checkpoint", keep)
+        notice = None
+        if why is None:
+            s.start_groups = group_majority(cands[quick_source], grouping.op_group, grouping.num_groups,
+                                            survivors.num_devices)
+        else:
+            notice = f"the run's policy could not be restored ({why}): searching cold"
+            log.warning("re-placement: %s", notice)
+        res = s.run(budget_seconds, max_updates=max_updates)
+        result = _result(problem, res, t0, Path(out_dir) if out_dir is not None else None,
+                         excluded=list(exclude), quick_s=quick_s, quick_wall_s=quick_wall, quick_source=quick_source,
+                         restored=why is None, notice=notice)
+        extra = result.extra
+        if out_dir is not None:
+            try:
+                model_name = json.loads((run_dir / "summary.json").read_text()).get("model") or graph.name
+            except (OSError, ValueError):
+                model_name = graph.name
+            write_outputs(Path(out_dir), problem, res, result, reward="sim", seed=seed, model_name=model_name,
+                          more={k: extra[k] for k in ("excluded", "quick_s", "quick_wall_s", "quick_source",
+                                                      "restored", "notice")})
+        return result
+    finally:
+        problem.close()

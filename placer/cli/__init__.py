@@ -18,6 +18,7 @@ COMMANDS = {
     "inspect": "placer.cli.inspect:run_inspect",
     "simulate": "placer.cli.simulate:run_simulate",
     "search": "placer.cli.search:run_search",
+    "replace": "placer.cli.search:run_replace",
     "measure": "placer.runtime.commands:run_measure",
     "profile": "placer.runtime.commands:run_profile",
     "worker": "placer.runtime.commands:run_worker",
@@ -100,6 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _json_flag(p)
 
+    p = sub.add_parser("replace", help="re-place a search's graph onto the devices left after losing some")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the directory `placer search --out` wrote")
+    p.add_argument("--exclude", required=True, help="lost devices, comma-separated (e.g. /GPU:3,/GPU:5)")
+    p.add_argument("--budget", type=float, default=60.0, help="search seconds after the quick answer (default 60)")
+    p.add_argument("--max-updates", type=int, help="stop after this many policy updates")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--out", required=True, help="output directory (files as for search)")
+    p.add_argument("--no-progress", action="store_true")
+    _json_flag(p)
+
     p = sub.add_parser("measure", help="measure a placement's step time on real devices")
     _graph_args(p)
     p.add_argument("--devices", required=True, help="cpu:N or a comma list of TF device names")
@@ -146,23 +157,28 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _quiet_tensorflow() -> None:
+def _quiet_tensorflow(hide_gpus: bool = True) -> None:
     """Import TensorFlow with its start-up chatter (CUDA probing on a GPU-less host, absl banners) sent to a
-    temp file; the chatter is replayed only if the import itself fails. Python-level TF warnings are muted."""
+    temp file; the chatter is replayed only if the import itself fails. Python-level TF warnings are muted.
+    hide_gpus: then hide the GPUs from this process's runtime (`placer._tf.hide_gpus`; its CUDA probe is
+    chatter too)."""
     import os
     import tempfile
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
-    if "tensorflow" in sys.modules:
-        return
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
             import tensorflow as tf  # noqa: F401
+
+            if hide_gpus:
+                from placer._tf import hide_gpus as hide
+
+                hide()
         except Exception:
             os.dup2(saved, 2)
             tmp.seek(0)
@@ -188,9 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         ap.print_help()
         return 0
+    # measurement runs in child processes; this one keeps off the GPUs (a worker lists its devices itself)
+    hide = args.command != "worker"
     if not args.debug:
-        _quiet_tensorflow()
-    if args.command != "worker":     # measurement runs in child processes; this one keeps off the GPUs
+        _quiet_tensorflow(hide_gpus=hide)
+    elif hide:
         from placer._tf import hide_gpus
 
         hide_gpus()

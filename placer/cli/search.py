@@ -102,6 +102,29 @@ def run_search(args) -> int:
     return 0
 
 
+def run_replace(args) -> int:
+    """`placer replace RUN_DIR --exclude DEV[,DEV...] --out DIR` (CLI.md)."""
+    from placer.search import replace
+
+    out = Path(args.out)
+    if (out / "checkpoint").exists():
+        raise SearchError(f"{out} already holds a search; pick another --out")
+    res = replace(args.run_dir, args.exclude, budget_seconds=float(args.budget), out_dir=out, seed=args.seed,
+                  progress=not args.no_progress, max_updates=args.max_updates)
+    summary = json.loads((out / "summary.json").read_text())
+    if getattr(args, "json", False):
+        from placer.cli import print_json
+
+        print_json(summary)
+        return 0
+    if res.extra.get("notice"):
+        print(f"notice: {res.extra['notice']}")
+    print(f"quick answer after losing {', '.join(summary['excluded'])}: {summary['quick_s'] * 1e3:.3f} ms "
+          f"({summary['quick_source']}, {summary['quick_wall_s']:.1f} s)")
+    _print_summary(summary, out)
+    return 0
+
+
 def _print_summary(s: dict, out: Path) -> None:
     ms = lambda x: "   n/a" if x is None else f"{x * 1e3:10.3f} ms"  # noqa: E731
     print(f"search {s['model']} on {s['cluster']}: {s['updates']} updates, {s['evaluations']} evaluations, "

@@ -320,6 +320,47 @@ class Search:
         self._t_start = time.perf_counter()
         return True
 
+    def restore_policy(self, checkpoint_dir: str | os.PathLike, device_map: Sequence[int]) -> str | None:
+        """Re-placement: start from the policy of another search's checkpoint (same grouping) whose devices were
+        a superset of this search's: this search's device k was that search's device `device_map[k]`. The
+        device-indexed weights (device embeddings, the device softmax, the device→device term) keep the rows of
+        the surviving devices, so every group keeps its learned preference among them and a group that preferred
+        a lost device is re-sampled among the survivors. Adam's state starts afresh. Returns None when restored,
+        else why not (the caller then searches cold)."""
+        path = Path(checkpoint_dir) / CHECKPOINT_FILE
+        if not path.exists():
+            old = Path(checkpoint_dir) / OLD_CHECKPOINT_FILE
+            return f"{old} is in an old format (a pickle)" if old.exists() else f"no checkpoint in {checkpoint_dir}"
+        try:
+            state = json.loads(path.read_text())
+            if state.get("format") != CHECKPOINT_FORMAT:
+                return f"checkpoint {path} has format {state.get('format')}, expected {CHECKPOINT_FORMAT}"
+            if state["fingerprint"] != self.fingerprint:
+                return f"checkpoint {path} was made for another grouping of the graph"
+            if state.get("agent") is None:
+                return f"checkpoint {path} holds no policy (its search made no update)"
+            with np.load(path.parent / state["arrays"], allow_pickle=False) as z:
+                weights = {k: z[v] for k, v in state["agent"]["policy"].items()}
+        except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: search cold, say why
+            return f"cannot read checkpoint {path}: {type(e).__name__}: {e}"
+        keep = np.asarray(device_map, np.int64)
+        old_d = len(state["devices"])
+        if keep.size != len(self.devices) or keep.min() < 0 or keep.max() >= old_d:
+            return f"checkpoint {path} was made for devices {state['devices']}, not a superset of {self.devices}"
+        for k, w in list(weights.items()):
+            if "device_embeddings" in k:
+                weights[k] = w[keep]
+            elif "device_softmax" in k:
+                weights[k] = w[:, keep]
+            elif "transition" in k:
+                weights[k] = w[np.ix_(keep, keep)]
+        try:
+            self.agent.policy.set_state(weights)
+        except (KeyError, ValueError) as e:
+            return f"checkpoint {path} does not match this policy: {e}"
+        self.imitated = "restored"        # no warm start: the restored policy is the start
+        return None
+
     # ------------------------------------------------------------------ bookkeeping
     def _note_oom(self, outcomes) -> None:
         """Record what failed: out-of-memory peaks (for the error when nothing fits) and the reasons of other

@@ -1,0 +1,102 @@
+"""Re-placement after device loss (`placer replace`, `placer.replace`): survivors only, fits in memory, the
+run's policy restored onto the survivors, and one-line errors."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from placer.errors import ClusterError, SearchError
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A short search of tiny NMT on 4 simulated K80s, with its directory."""
+    import placer
+    from placer.graphs.models import build_model
+
+    out = tmp_path_factory.mktemp("run") / "nmt"
+    placer.place(build_model("nmt", "tiny"), cluster="4xK80", budget_seconds=60, max_updates=12, out_dir=out)
+    return out
+
+
+def test_replace_uses_no_lost_device_and_fits(run_dir, tmp_path):
+    import placer
+
+    res = placer.replace(run_dir, ["/GPU:3"], budget_seconds=30, max_updates=6, out_dir=tmp_path / "r")
+    used = set(res.placement.mapping.values())
+    assert "/GPU:3" not in used and used <= {"/GPU:0", "/GPU:1", "/GPU:2", "/CPU:0"}
+    assert res.extra["restored"] and res.extra["notice"] is None
+    assert np.isfinite(res.step_time) and res.step_time <= res.extra["quick_s"] + 1e-12
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["excluded"] == ["/GPU:3"] and s["quick_s"] == pytest.approx(res.extra["quick_s"])
+    assert s["step_time_s"] == pytest.approx(res.step_time) and "/GPU:3" not in s["devices"]
+    assert (tmp_path / "r" / "placement.json").exists()
+    # the returned placement fits the survivors' memory in the simulator
+    from placer.problem import build_problem
+    from placer.search import load_run_problem
+    from placer.sim.cluster import parse_cluster
+
+    graph, cluster, cost, grouping, _ = load_run_problem(tmp_path / "r")
+    p = build_problem(graph, cluster, costs=cost, grouping=grouping, baselines=False)
+    out = p.simulator.evaluate([res.placement.to_indices(graph, p.device_names)])[0]
+    assert out.ok and not out.oom
+    p.close()
+    assert cluster.device_names == parse_cluster("4xK80").device_names[:3] + ["/CPU:0"]
+
+
+def test_restored_policy_keeps_surviving_groups_where_they_were(run_dir):
+    """The policy's first samples after restoring put most groups whose device survived on that device."""
+    from placer.problem import build_problem, cluster_without
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+    from placer.search import load_run_problem
+
+    graph, cluster, cost, grouping, h = load_run_problem(run_dir)
+    full = build_problem(graph, cluster, costs=cost, grouping=grouping, baselines=False)
+    before = Search(grouping, full.simulator, cpu_index=cluster.cpu_index, allowed=full.allowed, progress=False,
+                    out_dir=run_dir, config=ReinforceConfig(seed=h["seed"]))
+    assert before.load_checkpoint()
+    old_mode, _ = before.agent.sample(1, greedy=True)
+    survivors, keep = cluster_without(cluster, ["/GPU:1"])
+    p = build_problem(graph, survivors, costs=np.ascontiguousarray(cost[:, keep]), grouping=grouping, baselines=False)
+    s = Search(grouping, p.simulator, cpu_index=survivors.cpu_index, allowed=p.allowed, progress=False,
+               config=ReinforceConfig(seed=1))
+    assert s.restore_policy(run_dir / "checkpoint", keep) is None
+    samples, _ = s.agent.sample(16)
+    new_of = {o: k for k, o in enumerate(keep)}
+    old = old_mode[0]
+    stay = np.array([int(d) in new_of for d in old])
+    assert stay.sum() >= grouping.num_groups // 3                       # the test means something
+    same = np.mean([(samples[k][stay] == np.array([new_of[int(d)] for d in old[stay]])).mean() for k in range(16)])
+    assert same >= 0.8, same
+    full.close()
+    p.close()
+
+
+def test_replace_bad_input_one_line(run_dir, tmp_path):
+    import placer
+
+    with pytest.raises(ClusterError, match=r"leaves no accelerator"):
+        placer.replace(run_dir, ["/GPU:0", "/GPU:1", "/GPU:2", "/GPU:3"], budget_seconds=5)
+    with pytest.raises(ClusterError, match=r"cannot exclude '/GPU:9'"):
+        placer.replace(run_dir, ["/GPU:9"], budget_seconds=5)
+    with pytest.raises(SearchError, match=r"not a search directory"):
+        placer.replace(tmp_path, ["/GPU:0"], budget_seconds=5)
+    r = subprocess.run([sys.executable, "-m", "placer", "replace", str(run_dir), "--exclude", "/GPU:9", "--out",
+                        str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "/GPU:9" in r.stderr
+
+
+def test_replace_without_checkpoint_searches_cold_with_a_notice(run_dir, tmp_path):
+    import placer
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("checkpoint"))
+    res = placer.replace(copy, ["/GPU:2"], budget_seconds=30, max_updates=2, out_dir=tmp_path / "r")
+    assert not res.extra["restored"] and "could not be restored" in res.extra["notice"]
+    assert "/GPU:2" not in set(res.placement.mapping.values())
