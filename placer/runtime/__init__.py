@@ -1,9 +1,9 @@
-"""Measured rewards on real devices: `LocalRunner` (this machine, a TF child process) and `RemotePool` (gRPC
-`placer worker` processes). Both are `placer.sim.evaluator.Evaluator` s. Nothing here imports TensorFlow at
-import time.
+"""Measured rewards on real devices: `LocalRunner` (this machine, a TF child process), `TFClusterRunner` (TF
+distributed-runtime tasks of a tasks file, `placer cluster up`) and `RemotePool` (gRPC `placer worker`
+processes). All are `placer.sim.evaluator.Evaluator` s. Nothing here imports TensorFlow at import time.
 
     from placer.runtime import make_evaluator
-    with make_evaluator(graph, "cpu:2") as ev:                        # or workers="h1:50051,h2:50051"
+    with make_evaluator(graph, "cpu:2") as ev:          # or "tasks.json", or workers="h1:50051,h2:50051"
         outcomes = ev.evaluate(placements)
 """
 from __future__ import annotations
@@ -11,8 +11,20 @@ from __future__ import annotations
 
 def make_evaluator(graph, devices, *, workers=None, token_file: str | None = None, token: str | None = None,
                    tls_ca: str | None = None, warmup: int = 2, runs: int = 5, timeout: float = 600.0):
-    """A measuring Evaluator: a RemotePool over `workers` (comma string or list) when given, else a LocalRunner.
-    `devices`: `cpu:N` or TF device names (index-aligned with placement values)."""
+    """A measuring Evaluator: a TFClusterRunner when `devices` is a tasks file (`*.json`), a RemotePool over
+    `workers` (comma string or list) when given, else a LocalRunner. `devices`: a tasks file, `cpu:N` or TF device
+    names (index-aligned with placement values)."""
+    from placer.tasks import looks_like_tasks_file
+
+    if looks_like_tasks_file(devices):
+        if workers:
+            from placer.errors import MeasurementError
+
+            raise MeasurementError(f"--devices {devices} measures on the TF cluster that tasks file lists: "
+                                   "it does not combine with --workers")
+        from placer.runtime.tfcluster import TFClusterRunner
+
+        return TFClusterRunner(graph, devices, warmup=warmup, runs=runs, timeout=timeout)
     if workers:
         from placer.runtime.commands import _read_token
         from placer.runtime.remote import RemotePool
