@@ -81,7 +81,7 @@ class Cluster:
 # ---------------------------------------------------------------------------------------------------------------
 GiB = 1 << 30
 
-GRPC_BANDWIDTH, GRPC_LATENCY = 1.0e9, 500e-6   # see LINKS["grpc"]
+GRPC_BANDWIDTH, GRPC_LATENCY = 1.5e9, 300e-6   # see LINKS["grpc"]
 
 LINKS: dict[str, dict[str, float]] = {
     # bandwidth per direction (bytes/s) and per-transfer latency (s).
