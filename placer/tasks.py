@@ -182,7 +182,7 @@ def load_tasks(path: "str | os.PathLike") -> TasksFile:
 
 
 # ---- liveness ---------------------------------------------------------------------------------------------------
-def _proc_state(pid: int) -> str | None:
+def proc_state(pid: int) -> str | None:
     """The state letter of a local process (R, S, T, Z...) or None when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -201,7 +201,7 @@ def probe_task(task: Task, timeout: float = 2.0, *, connect: bool = True) -> str
     """None when the task looks up (its process, if local, exists and runs; its port accepts a connection); else
     why not, in a few words. `connect=False`: a task with a pid is judged by its process alone."""
     if task.pid:
-        st = _proc_state(task.pid)
+        st = proc_state(task.pid)
         if st is None or st in ("Z", "X"):
             return "its process is gone"
         if st in ("T", "t"):

@@ -91,6 +91,9 @@ def test_cluster_comes_from_the_devices_the_workers_report(graph, workers, monke
         assert c.device_names == ["/CPU:1", "/CPU:0"] and all(d.kind == "cpu" for d in c.devices)
         [o] = pool.evaluate([np.zeros(graph.num_ops, np.int64)])     # index 0 = /CPU:1 on the worker
         assert o.ok and o.on_assigned_device == 1.0
+    from placer.runtime import measured_cluster
+
+    assert measured_cluster(graph, "/CPU:1", workers=addrs).device_names == ["/CPU:1"]
     with RemotePool(graph, addrs[:1], ["/CPU:0", "/GPU:0"], warmup=0, runs=1, timeout=120) as pool:
         with pytest.raises(ClusterError, match=f"worker {addrs[0]} has no device /GPU:0.*/CPU:1"):
             pool.cluster()

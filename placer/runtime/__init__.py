@@ -36,4 +36,22 @@ def make_evaluator(graph, devices, *, workers=None, token_file: str | None = Non
     return LocalRunner(graph, devices, warmup=warmup, runs=runs, timeout=timeout)
 
 
-__all__ = ["make_evaluator"]
+__all__ = ["make_evaluator", "measured_cluster"]
+
+
+def measured_cluster(graph, devices, *, workers=None, token_file: str | None = None, token: str | None = None,
+                     tls_ca: str | None = None):
+    """The simulated cluster of the devices a measuring Evaluator runs on: a tasks file's tasks
+    (`cluster_from_tasks`), the devices `workers` report (`RemotePool.cluster`: never this machine's TensorFlow, so
+    a client without GPUs can search over the workers' GPUs), else this machine's devices (`cluster_from_devices`).
+    Use it instead of `cluster_from_devices(devices)` wherever `--workers` may be given."""
+    from placer.sim.cluster import cluster_from_devices
+    from placer.tasks import looks_like_tasks_file
+
+    if workers and not looks_like_tasks_file(devices):
+        from placer.runtime.commands import _read_token
+        from placer.runtime.remote import RemotePool
+
+        with RemotePool(graph, workers, devices, token=token or _read_token(token_file), tls_ca=tls_ca) as pool:
+            return pool.cluster()
+    return cluster_from_devices(devices)

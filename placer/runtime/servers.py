@@ -35,7 +35,7 @@ from pathlib import Path
 
 from placer.errors import ClusterError
 from placer.runtime._task import MARKER
-from placer.tasks import Task, TasksFile, TasksFileError, _proc_state, load_tasks
+from placer.tasks import Task, TasksFile, TasksFileError, proc_state, down_tasks, load_tasks
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def _running_placer_task(pid: int, task: Task | None = None) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    if MARKER.encode() not in argv or _proc_state(pid) in (None, "Z", "X"):
+    if MARKER.encode() not in argv or proc_state(pid) in (None, "Z", "X"):
         return False
     if task is None:
         return True
@@ -299,6 +299,9 @@ def cluster_up(tasks: int, out: "str | os.PathLike", *, cores_per_task: int | No
         result = TasksFile(job=job, tasks=tuple(
             Task(k, addresses[k], pids[k], tuple(cores[k]), tuple(devices[k]), logs[k]) for k in range(tasks)),
             path=str(out))
+        down = down_tasks(result, timeout=5.0)
+        if down:
+            raise ClusterError("; ".join(down))
         result.save(out)
         return result
     except BaseException:
@@ -315,7 +318,7 @@ def _gone(pid: int) -> bool:
             return True
     except ChildProcessError:
         pass
-    return _proc_state(pid) in (None, "Z", "X")
+    return proc_state(pid) in (None, "Z", "X")
 
 
 def _stop_pids(pids: list[int], grace: float = 5.0) -> list[int]:
