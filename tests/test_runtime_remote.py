@@ -74,6 +74,31 @@ def test_bad_placements_come_back_as_failed_outcomes(graph, workers):
     assert o_ok.ok
 
 
+def test_cluster_comes_from_the_devices_the_workers_report(graph, workers, monkeypatch):
+    """(Before the kill test below, which stops the module's workers.) A client without the workers' devices (here: its own TF device list is off limits) builds the cluster from
+    what the workers report when they load the graph; a device a worker lacks is an error naming both."""
+    import placer.sim.cluster as sc
+    from placer.errors import ClusterError
+
+    def no_local(*_a, **_k):
+        raise AssertionError("the local TensorFlow device list must not be consulted with --workers")
+
+    monkeypatch.setattr(sc, "_local_tf_devices", no_local)
+    addrs = [a for _, a in workers]
+    with RemotePool(graph, addrs, ["/CPU:1", "/CPU:0"], warmup=0, runs=1, timeout=120) as pool:
+        assert set(pool.reported_devices()) == set(addrs)
+        c = pool.cluster()
+        assert c.device_names == ["/CPU:1", "/CPU:0"] and all(d.kind == "cpu" for d in c.devices)
+        [o] = pool.evaluate([np.zeros(graph.num_ops, np.int64)])     # index 0 = /CPU:1 on the worker
+        assert o.ok and o.on_assigned_device == 1.0
+    from placer.runtime import measured_cluster
+
+    assert measured_cluster(graph, "/CPU:1", workers=addrs).device_names == ["/CPU:1"]
+    with RemotePool(graph, addrs[:1], ["/CPU:0", "/GPU:0"], warmup=0, runs=1, timeout=120) as pool:
+        with pytest.raises(ClusterError, match=f"worker {addrs[0]} has no device /GPU:0.*/CPU:1"):
+            pool.cluster()
+
+
 def test_wrong_token_is_refused(graph, token_worker):
     import grpc
 
@@ -186,3 +211,4 @@ def test_restarted_worker_rejoins_and_gets_the_graph_again(graph):
     finally:
         pool.close()
         stop_worker(p)
+

@@ -134,3 +134,57 @@ def test_presets_are_data_with_every_figure():
                   "host_link"):
             assert f in p, (kind, f)
         assert p["link"] in LINKS and p["host_link"] in LINKS
+
+
+def test_links_matrix_sets_per_pair_latency_and_bandwidth(tmp_path):
+    p = tmp_path / "links.json"
+    ln = {"bandwidth_Bps": 2e9, "latency_s": 3e-4, "shared": None}
+    p.write_text(json.dumps({
+        "devices": [{"name": "/GPU:0", "kind": "K80"}, {"name": "/GPU:1", "kind": "K80"},
+                    {"name": "/CPU:0", "kind": "cpu", "concurrency": 4}],
+        "bandwidth": [[None, 5e9, 5e9], [5e9, None, 5e9], [5e9, 5e9, None]],
+        "links": [[None, ln, None], [dict(ln, bandwidth_Bps=1e9, shared="pcie-switch"), None, None],
+                  [None, None, None]]}))
+    c = parse_cluster(str(p))
+    assert (c.bandwidth[0, 1], c.latency[0, 1]) == (2e9, 3e-4)          # links win over the plain matrix
+    assert c.bandwidth[1, 0] == 1e9 and c.meta["link_shared"] == {"1,0": "pcie-switch"}
+    assert c.bandwidth[0, 2] == 5e9 and c.latency[0, 2] == LINKS["pcie3"]["latency"]   # null: default kept
+    assert c.devices[2].concurrency == 4
+    from placer.graphs.opgraph import OpGraph
+    from placer.sim.simulator import Simulator
+
+    g = OpGraph.build([("a", "X", 10**6), ("b", "X", 8)], [("a", "b")])
+    sim = Simulator(g, c, np.ones(2))
+    assert sim.simulate(np.array([0, 1])).step_time == pytest.approx(2 + 3e-4 + 1e6 / 2e9)   # a -> b over 0->1
+    assert sim.simulate(np.array([1, 0])).step_time == pytest.approx(2 + 3e-4 + 1e6 / 1e9)   # over 1->0
+    for bad, words in ((["x"], "3x3"), ([[None, {"bandwidth_Bps": -1}, None], [None] * 3, [None] * 3], "> 0"),
+                       ([[None, 5, None], [None] * 3, [None] * 3], "object")):
+        p.write_text(json.dumps({"devices": [{"name": f"/GPU:{i}", "kind": "K80"} for i in range(3)],
+                                 "links": bad}))
+        with pytest.raises(ClusterError, match=words):
+            parse_cluster(str(p))
+
+
+def test_cluster_of_a_tasks_file(tmp_path):
+    from placer.sim.cluster import cluster_from_reported, cluster_from_tasks
+
+    p = tmp_path / "tasks.json"
+    p.write_text(json.dumps({"format": 1, "job": "worker", "tasks": [
+        {"address": "127.0.0.1:2222", "pid": None, "cores": [0, 1], "devices": ["/job:worker/task:0/device:CPU:0"]},
+        {"address": "127.0.0.1:2223", "pid": None, "cores": [2],
+         "devices": ["/job:worker/replica:0/task:1/device:CPU:0", "/job:worker/replica:0/task:1/device:GPU:0"]}]}))
+    for c in (cluster_from_devices(str(p)), cluster_from_tasks(str(p))):
+        assert c.device_names == ["/job:worker/replica:0/task:0/device:CPU:0",
+                                  "/job:worker/replica:0/task:1/device:CPU:0",
+                                  "/job:worker/replica:0/task:1/device:GPU:0"]
+        assert [d.kind for d in c.devices] == ["cpu", "cpu", "V100"]
+        assert [d.concurrency for d in c.devices[:2]] == [2, 1] and c.cpu_index == 0
+        assert c.bandwidth[0, 1] == LINKS["grpc"]["bandwidth"] and c.latency[1, 0] == LINKS["grpc"]["latency"]
+        assert c.bandwidth[1, 2] == LINKS["pcie3"]["bandwidth"]         # one task: its own host link
+    with pytest.raises(ClusterError, match="tasks file"):
+        parse_cluster(str(p))                                            # --cluster: the formats stay apart
+    # remote measurement workers: the cluster of what they report, never the local TF device list
+    c = cluster_from_reported(["/GPU:1", "/CPU:0"], {"h1:50051": ["/CPU:0", "/GPU:0", "/GPU:1"]})
+    assert c.device_names == ["/GPU:1", "/CPU:0"] and c.devices[0].kind == "V100"
+    with pytest.raises(ClusterError, match="worker h2:50051 has no device /GPU:1"):
+        cluster_from_reported(["/GPU:1"], {"h1:50051": ["/GPU:1"], "h2:50051": ["/CPU:0", "/GPU:0"]})

@@ -19,11 +19,14 @@ COMMANDS = {
     "simulate": "placer.cli.simulate:run_simulate",
     "search": "placer.cli.search:run_search",
     "replace": "placer.cli.search:run_replace",
-    "measure": "placer.runtime.commands:run_measure",
-    "profile": "placer.runtime.commands:run_profile",
-    "worker": "placer.runtime.commands:run_worker",
+    "measure": "placer.cli.runtime:run_measure",
+    "profile": "placer.cli.runtime:run_profile",
+    "worker": "placer.cli.runtime:run_worker",
     "bench": "placer.cli.bench:run_bench",
     "demo": "placer.cli.inspect:run_demo",
+    # ---- TF cluster devices and calibration (second wave; parser block: _add_cluster_commands) ----
+    "cluster": "placer.cli.runtime:run_cluster",
+    "calibrate": "placer.cli.runtime:run_calibrate",
 }
 
 
@@ -113,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("measure", help="measure a placement's step time on real devices")
     _graph_args(p)
-    p.add_argument("--devices", required=True, help="cpu:N or a comma list of TF device names")
+    p.add_argument("--devices", required=True,
+                   help="cpu:N, a comma list of TF device names, or a tasks file (placer cluster up)")
     p.add_argument("--placement", default="single")
     p.add_argument("--workers", help="measure on remote workers HOST:PORT,...")
     p.add_argument("--token-file")
@@ -126,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="record per-op times on real devices into a cost table")
     _graph_args(p)
-    p.add_argument("--devices", required=True)
+    p.add_argument("--devices", required=True, help="cpu:N, TF device names, or a tasks file (profiled on task 0)")
     p.add_argument("--out", required=True, help="cost table file to write")
     p.add_argument("--runs", type=int, default=5)
 
@@ -154,7 +158,39 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="a short real search on an embedded default (NMT on 4 simulated K80s)")
     p.add_argument("--budget", type=float, default=90.0, help="search seconds (default 90)")
     p.add_argument("--out", default="demo-out")
+    _add_cluster_commands(sub)
     return ap
+
+
+# ---- begin: TF cluster devices and calibration (`placer cluster up|down`, `placer calibrate`) ---------------------
+def _add_cluster_commands(sub) -> None:
+    p = sub.add_parser("cluster", help="start or stop TF distributed-runtime tasks on this machine (--devices FILE)")
+    act = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    q = act.add_parser("up", help="start N tf.distribute.Server tasks on 127.0.0.1, each pinned to its cores")
+    q.add_argument("--tasks", type=int, required=True, help="number of tasks (job 'worker')")
+    q.add_argument("--cores-per-task", type=int, help="cores (and intra/inter-op threads) per task "
+                                                       "(default: the cores split evenly)")
+    q.add_argument("--port", type=int, help="first port; tasks use PORT..PORT+N-1 (default: free ports)")
+    q.add_argument("--out", required=True, help="tasks file to write (.json; logs go beside it)")
+    q.add_argument("--share-cores", action="store_true",
+                   help="allow more task cores than this machine has (tasks then share cores: noisy timings)")
+    q.add_argument("--any-interface", action="store_true",
+                   help="let the TF servers listen on every interface (no authentication!) when no C compiler "
+                        "can build the loopback bind shim")
+    q.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the tasks (default 120)")
+    q = act.add_parser("down", help="stop exactly the task PIDs a tasks file lists")
+    q.add_argument("tasks_file", metavar="TASKS_FILE")
+
+    p = sub.add_parser("calibrate", help="profile op costs and measure links: DIR/costs.json, DIR/cluster.json")
+    _graph_args(p)
+    p.add_argument("--devices", required=True, help="a tasks file (placer cluster up), cpu:N or TF device names")
+    p.add_argument("--out", required=True, help="directory for cluster.json and costs.json")
+    p.add_argument("--runs", type=int, default=5, help="profiled steps (default 5)")
+    p.add_argument("--link-runs", type=int, default=15, help="timed ping-pongs per link and size (default 15)")
+    p.add_argument("--sizes", help="ping-pong sizes in bytes, comma list (default 1 KiB..64 MiB in x4 steps)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a measurement is cut")
+    _json_flag(p)
+# ---- end: TF cluster devices and calibration --------------------------------------------------------------------
 
 
 def _quiet_tensorflow(hide_gpus: bool = True) -> None:

@@ -75,6 +75,13 @@ def run_search(args) -> int:
     from placer.problem import build_problem
     from placer.search import search
 
+    if args.workers and devices and not cluster:
+        # the devices are the workers': their cluster comes from what the workers report, never from this
+        # machine's TensorFlow (a client without GPUs searches over the workers' GPUs)
+        from placer.runtime import measured_cluster
+
+        cluster = measured_cluster(graph, devices, workers=args.workers, token_file=args.token_file)
+        devices = None
     problem = build_problem(graph, cluster, devices=devices, costs=getattr(args, "costs", None),
                             max_groups=args.groups, seed=int(args.seed or 0))
     evaluator = None
@@ -82,7 +89,7 @@ def run_search(args) -> int:
         if args.reward == "measure":
             from placer.runtime import make_evaluator
 
-            evaluator = make_evaluator(graph, devices if devices else problem.device_names,
+            evaluator = make_evaluator(graph, args.devices if args.devices else problem.device_names,
                                        workers=args.workers, token_file=args.token_file)
         search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0),
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,

@@ -1,27 +1,71 @@
-"""Measured rewards on real devices: `LocalRunner` (this machine, a TF child process) and `RemotePool` (gRPC
-`placer worker` processes). Both are `placer.sim.evaluator.Evaluator` s. Nothing here imports TensorFlow at
-import time.
+"""Measured rewards on real devices: `LocalRunner` (this machine, a TF child process), `TFClusterRunner` (TF
+distributed-runtime tasks of a tasks file, `placer cluster up`) and `RemotePool` (gRPC `placer worker`
+processes). All are `placer.sim.evaluator.Evaluator` s. Nothing here imports TensorFlow at import time.
 
     from placer.runtime import make_evaluator
-    with make_evaluator(graph, "cpu:2") as ev:                        # or workers="h1:50051,h2:50051"
+    with make_evaluator(graph, "cpu:2") as ev:          # or "tasks.json", or workers="h1:50051,h2:50051"
         outcomes = ev.evaluate(placements)
 """
 from __future__ import annotations
 
+from placer.errors import MeasurementError
+
+
+def read_token(path: str | None) -> str | None:
+    """The shared token of the measurement workers, from the file `path` (None: no token)."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            tok = f.read().strip()
+    except OSError as e:
+        raise MeasurementError(f"cannot read token file {path}: {e}") from None
+    if not tok:
+        raise MeasurementError(f"token file {path} is empty")
+    return tok
+
 
 def make_evaluator(graph, devices, *, workers=None, token_file: str | None = None, token: str | None = None,
                    tls_ca: str | None = None, warmup: int = 2, runs: int = 5, timeout: float = 600.0):
-    """A measuring Evaluator: a RemotePool over `workers` (comma string or list) when given, else a LocalRunner.
-    `devices`: `cpu:N` or TF device names (index-aligned with placement values)."""
+    """A measuring Evaluator: a TFClusterRunner when `devices` is a tasks file (`*.json`), a RemotePool over
+    `workers` (comma string or list) when given, else a LocalRunner. `devices`: a tasks file, `cpu:N` or TF device
+    names (index-aligned with placement values)."""
+    from placer.tasks import looks_like_tasks_file
+
+    if looks_like_tasks_file(devices):
+        if workers:
+            from placer.errors import MeasurementError
+
+            raise MeasurementError(f"--devices {devices} measures on the TF cluster that tasks file lists: "
+                                   "it does not combine with --workers")
+        from placer.runtime.tfcluster import TFClusterRunner
+
+        return TFClusterRunner(graph, devices, warmup=warmup, runs=runs, timeout=timeout)
     if workers:
-        from placer.runtime.commands import _read_token
         from placer.runtime.remote import RemotePool
 
-        return RemotePool(graph, workers, devices, token=token or _read_token(token_file), tls_ca=tls_ca,
+        return RemotePool(graph, workers, devices, token=token or read_token(token_file), tls_ca=tls_ca,
                           warmup=warmup, runs=runs, timeout=timeout)
     from placer.runtime.local import LocalRunner
 
     return LocalRunner(graph, devices, warmup=warmup, runs=runs, timeout=timeout)
 
 
-__all__ = ["make_evaluator"]
+__all__ = ["make_evaluator", "measured_cluster", "read_token"]
+
+
+def measured_cluster(graph, devices, *, workers=None, token_file: str | None = None, token: str | None = None,
+                     tls_ca: str | None = None):
+    """The simulated cluster of the devices a measuring Evaluator runs on: a tasks file's tasks
+    (`cluster_from_tasks`), the devices `workers` report (`RemotePool.cluster`: never this machine's TensorFlow, so
+    a client without GPUs can search over the workers' GPUs), else this machine's devices (`cluster_from_devices`).
+    Use it instead of `cluster_from_devices(devices)` wherever `--workers` may be given."""
+    from placer.sim.cluster import cluster_from_devices
+    from placer.tasks import looks_like_tasks_file
+
+    if workers and not looks_like_tasks_file(devices):
+        from placer.runtime.remote import RemotePool
+
+        with RemotePool(graph, workers, devices, token=token or read_token(token_file), tls_ca=tls_ca) as pool:
+            return pool.cluster()
+    return cluster_from_devices(devices)

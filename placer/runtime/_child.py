@@ -6,14 +6,19 @@ the protocol pipes stay clean. Every request gets exactly one reply `("ok", payl
 a crash, hang or OOM kill is seen by the parent as a dead pipe or a timeout.
 
 Requests:
-  ("init", {"cpus": N, "intra_op": int|None, "inter_op": int|None})
-        -> {"devices": [short names TF sees], "tf_version": str, "import_s": float}
+  ("init", {"cpus": N, "intra_op": int|None, "inter_op": int|None,
+            "target": "grpc://HOST:PORT"|None, "op_timeout_ms": int|None, "nice": int|None})
+        -> {"devices": [names TF sees], "tf_version": str, "import_s": float}
+        With a `target` (a TF cluster task's master: `TFClusterRunner`) every session runs there, isolated from
+        other sessions, each call cut by TF after `op_timeout_ms`; devices are the cluster's full names.
   ("load", {"meta_graph": bytes, "names": [op names], "fetches": [...], "fingerprint": str})
         -> {"feeds": [(name, shape, dtype)], "fetches": [...], "init": [...], "warnings": [...], "load_s": float}
   ("measure", {"placement": [device per op], "warmup": W, "runs": N, "trace": bool, "profile_runs": int})
         -> {"runs": [s], "on_assigned_device": float|None, "executed": int, "peak_memory": {dev: bytes},
             "op_times": {op: [s per profiled run]}, "setup_s": float,
             "place_s": float, "init_s": float}   (setup_s = placing + session + init + warm-up)
+  ("links", {"devices": [a, b, ...], "sizes": [bytes], "warmup": W, "runs": N})
+        -> {"times": {"i,j": [median seconds per size]}}  (see `links` below)
   ("ping", None) -> "pong"
   ("exit", None) -> no reply; the process ends.
 """
@@ -61,6 +66,7 @@ class _State:
         self.init_ops: list = []
         self.feed: dict = {}
         self.config = None
+        self.target = ""             # "" = in-process session; "grpc://..." = a TF cluster's master
 
     # ---- requests ---------------------------------------------------------------------------------------
     def init(self, req: dict) -> dict:
@@ -69,8 +75,16 @@ class _State:
 
         self.tf = tf
         self.cpus = max(1, int(req.get("cpus", 1)))
+        self.target = str(req.get("target") or "")
+        if req.get("nice"):
+            os.nice(int(req["nice"]))
         cfg = tf.compat.v1.ConfigProto(allow_soft_placement=False, log_device_placement=False,
                                        device_count={"CPU": self.cpus})
+        if self.target:
+            # resources (variables) live in this session only and go with it; every call is cut by TF itself
+            cfg.isolate_session_state = True
+            if req.get("op_timeout_ms"):
+                cfg.operation_timeout_in_ms = int(req["op_timeout_ms"])
         if req.get("intra_op"):
             cfg.intra_op_parallelism_threads = int(req["intra_op"])
         if req.get("inter_op"):
@@ -85,17 +99,12 @@ class _State:
         oo.do_common_subexpression_elimination = False
         oo.do_function_inlining = False
         self.config = cfg
-        try:   # TF's ReplicateConstantsPass copies small constants to each consumer's device: keep them placed
-            from tensorflow.core.config import flags as tf_flags
-
-            tf_flags.config().enable_aggressive_constant_replication.reset(False)
-        except (ImportError, AttributeError):
-            pass
-        from placer.runtime.devices import device_of_trace
+        keep_constants_placed()
+        from placer.runtime.devices import trace_device
 
         with tf.Graph().as_default():
-            with tf.compat.v1.Session(config=cfg) as s:
-                devs = [device_of_trace(d.name) for d in s.list_devices()]
+            with tf.compat.v1.Session(self.target, config=cfg) as s:
+                devs = [trace_device(d.name) for d in s.list_devices()]
         self.devices = [d for d in devs if d and not d.startswith("/XLA")]
         return {"devices": self.devices, "tf_version": tf.__version__, "import_s": time.perf_counter() - t0}
 
@@ -153,7 +162,7 @@ class _State:
         profile_runs = int(req.get("profile_runs", 0))
         out: dict = {"runs": [], "on_assigned_device": None, "executed": 0, "peak_memory": {}, "op_times": {}}
         out["place_s"] = time.perf_counter() - t0
-        sess = tf.compat.v1.Session(graph=self.graph, config=self.config)
+        sess = tf.compat.v1.Session(self.target, graph=self.graph, config=self.config)
         try:
             if self.init_ops:
                 sess.run(self.init_ops, feed_dict=self.feed)
@@ -196,6 +205,80 @@ class _State:
         return out
 
 
+    def links(self, req: dict) -> dict:
+        """Tensor ping-pong for `placer calibrate`: for each ordered pair (i, j) of `devices` and each size, the
+        median wall time of a step that reads a float32 variable of that size on device i and hands it to an
+        Identity on device j (one transfer i -> j), minus the median of the same step with the Identity on i
+        (no transfer): the time of one transfer. Runs alternate between the two steps. Devices of one task
+        (or one process) are not skipped: the caller decides which pairs it asks for via `pairs`."""
+        tf = self.tf
+        devs = list(req["devices"])
+        sizes = [int(x) for x in req["sizes"]]
+        pairs = [tuple(p) for p in req.get("pairs") or [(i, j) for i in range(len(devs))
+                                                         for j in range(len(devs)) if i != j]]
+        warmup, runs = int(req.get("warmup", 2)), int(req.get("runs", 5))
+        g = tf.Graph()
+        with g.as_default():
+            reads = {}
+            for i in sorted({p[0] for p in pairs}):
+                with tf.device(_full(devs[i])):
+                    for s in sizes:
+                        v = tf.compat.v1.get_variable(f"pingpong_{i}_{s}", [max(1, s // 4)], tf.float32,
+                                                      initializer=tf.compat.v1.zeros_initializer(), use_resource=True)
+                        reads[i, s] = v.read_value()
+            steps = {}
+            for i, j in pairs:
+                for s in sizes:
+                    with tf.device(_full(devs[j])):
+                        there = tf.identity(reads[i, s]).op
+                    with tf.device(_full(devs[i])):
+                        here = tf.identity(reads[i, s]).op
+                    steps[i, j, s] = (here, there)
+            init = tf.compat.v1.global_variables_initializer()
+        times: dict[str, list[float]] = {}
+        import numpy as np
+
+        sess = tf.compat.v1.Session(self.target, graph=g, config=self.config)
+        try:
+            sess.run(init)
+            for (i, j) in pairs:
+                row = []
+                for s in sizes:
+                    here, there = steps[i, j, s]
+                    for _ in range(warmup):
+                        sess.run(here)
+                        sess.run(there)
+                    a, b = [], []
+                    for _ in range(runs):
+                        t = time.perf_counter()
+                        sess.run(here)
+                        a.append(time.perf_counter() - t)
+                        t = time.perf_counter()
+                        sess.run(there)
+                        b.append(time.perf_counter() - t)
+                    row.append(float(np.median(b) - np.median(a)))
+                times[f"{i},{j}"] = row
+        finally:
+            sess.close()
+        return {"times": times, "sizes": sizes}
+
+
+def keep_constants_placed() -> None:
+    """TF's ReplicateConstantsPass (always on, after placement) copies a small constant (<= 16 elements, on a CPU,
+    no control successors) with consumers on several devices to each consumer's device — "aggressive" mode, or,
+    with this flag off, to CPU:0 of each consumer's task. Off, the logical CPUs of one process (`cpu:N`) all map
+    to one CPU:0 and nothing is copied: the graph measured is the graph placed. Across TF cluster tasks the
+    copies are still made (one per consumer task, `NAME/replicate/_K`): TF's own distributed behaviour, which
+    the placement check does not count. A process-wide flag: the child sets it for its sessions, each cluster
+    task for the graphs its master partitions."""
+    try:
+        from tensorflow.core.config import flags as tf_flags
+
+        tf_flags.config().enable_aggressive_constant_replication.reset(False)
+    except (ImportError, AttributeError):
+        pass
+
+
 def _full(dev: str) -> str:
     """`/CPU:1` -> `/device:CPU:1` (full names pass through)."""
     if dev.startswith("/job:") or dev.startswith("/device:"):
@@ -211,12 +294,12 @@ def _fetch(g, name: str):
 
 def _placement_check(step_stats, assigned: dict) -> tuple[float | None, int, dict]:
     """Fraction of executed placed ops that ran on their assigned device, their count, peak bytes per device."""
-    from placer.runtime.devices import device_of_trace
+    from placer.runtime.devices import trace_device
 
     ran: dict[str, set] = {}
     peak: dict[str, int] = {}
     for ds in step_stats.dev_stats:
-        dev = device_of_trace(ds.device)
+        dev = trace_device(ds.device)
         if dev is None:
             continue
         for ns in ds.node_stats:
@@ -235,11 +318,11 @@ def _placement_check(step_stats, assigned: dict) -> tuple[float | None, int, dic
 def _op_times(step_stats, assigned: dict) -> dict[str, tuple[str, float]]:
     """Per placed op: (device, seconds) from one traced step. GPU stream entries (kernel time) take precedence
     over the host-side launch entry of the same op."""
-    from placer.runtime.devices import device_of_trace
+    from placer.runtime.devices import trace_device
 
     best: dict[str, tuple[str, float, bool]] = {}
     for ds in step_stats.dev_stats:
-        dev = device_of_trace(ds.device)
+        dev = trace_device(ds.device)
         if dev is None:
             continue
         stream = "stream" in ds.device

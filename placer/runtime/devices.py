@@ -9,9 +9,11 @@ import re
 from typing import Sequence
 
 from placer.errors import ClusterError
+from placer.tasks import full_device_name
 
 _DEV_RE = re.compile(r"(?:^|/)(?:device:)?([A-Za-z_]+):(\d+)$")
 _ANY_DEV_RE = re.compile(r"device:([A-Za-z_]+):(\d+)", re.IGNORECASE)
+_JOB_RE = re.compile(r"/job:([A-Za-z0-9_\-]+)(?:/replica:(\d+))?(?:/task:(\d+))?")
 
 
 def canonical_device(name: str) -> str:
@@ -24,7 +26,7 @@ def canonical_device(name: str) -> str:
     """
     s = name.strip()
     if "/job:" in s and "/job:localhost" not in s:
-        return s
+        return full_device_name(s)
     m = _ANY_DEV_RE.search(s) or _DEV_RE.search(s)
     if not m:
         raise ClusterError(f"device name {name!r} is not a TensorFlow device name like /CPU:0 or /GPU:1")
@@ -39,6 +41,22 @@ def device_of_trace(name: str) -> str | None:
         if not m:
             return None
     return f"/{m.group(1).upper()}:{int(m.group(2))}"
+
+
+def trace_device(name: str) -> str | None:
+    """Like `device_of_trace`, but a device of another job (a TF cluster task) keeps its canonical full name:
+    `/job:worker/replica:0/task:1/device:CPU:0 stream:all` -> `/job:worker/replica:0/task:1/device:CPU:0`.
+
+    >>> trace_device("/job:localhost/replica:0/task:0/device:CPU:0"), trace_device("/job:worker/task:1/cpu:0")
+    ('/CPU:0', '/job:worker/replica:0/task:1/device:CPU:0')
+    """
+    m = _JOB_RE.search(name)
+    if m and m.group(1) != "localhost":
+        job, rep, task = m.group(1), int(m.group(2) or 0), int(m.group(3) or 0)
+        d = _ANY_DEV_RE.search(name) or re.search(r"/([A-Za-z_]+):(\d+)", name[m.end():])
+        if d:
+            return f"/job:{job}/replica:{rep}/task:{task}/device:{d.group(1).upper()}:{int(d.group(2))}"
+    return device_of_trace(name)
 
 
 def parse_devices(spec: str | Sequence[str]) -> list[str]:

@@ -75,7 +75,7 @@ class Child:
     """One measurement child process (`python -m placer.runtime._child`) and its two pipes."""
 
     def __init__(self, cpus: int = 1, *, intra_op: int | None = None, inter_op: int | None = None,
-                 start_timeout: float = START_TIMEOUT, env: dict | None = None):
+                 start_timeout: float = START_TIMEOUT, env: dict | None = None, init: dict | None = None):
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
         self._err = tempfile.TemporaryFile()
@@ -94,7 +94,8 @@ class Child:
         self._tx = Connection(p2c_w, readable=False)
         self._rx = Connection(c2p_r, writable=False)
         try:
-            info = self.call("init", {"cpus": cpus, "intra_op": intra_op, "inter_op": inter_op}, start_timeout)
+            info = self.call("init", {"cpus": cpus, "intra_op": intra_op, "inter_op": inter_op, **(init or {})},
+                             start_timeout)
         except BaseException:
             self.kill()
             self.close()
@@ -208,6 +209,7 @@ class LocalRunner(Evaluator):
         self._cpus = cpu_split(self.devices)
         self._intra, self._inter = intra_op, inter_op
         self._child_env = child_env
+        self._child_init: dict = {}      # more fields of the child's init request (TFClusterRunner: the target)
         self.check_safe = bool(check_safe)
         self._child: Child | None = None
         self._lock = threading.Lock()
@@ -225,7 +227,7 @@ class LocalRunner(Evaluator):
             self._child = None
         try:
             child = Child(self._cpus, intra_op=self._intra, inter_op=self._inter, env=self._child_env,
-                          start_timeout=max(START_TIMEOUT, self.timeout))
+                          start_timeout=max(START_TIMEOUT, self.timeout), init=self._child_init)
         except ChildDied as e:
             raise MeasurementError(f"could not start the TensorFlow measurement process: {e.reason}") from None
         except ChildError as e:

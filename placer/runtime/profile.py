@@ -5,7 +5,7 @@
     table.save("costs.npz")                         # placer simulate ... --costs costs.npz
 
 For each device KIND among `devices` (e.g. `cpu`, `V100`), the whole graph is placed on the first device of that
-kind (CPU-only ops on `/CPU:0`) and run with FULL_TRACE `runs` times after a warm-up; op i's time on that kind
+kind (CPU-only ops on `/CPU:0`; with a tasks file of `placer cluster up` as `devices`, on task 0's CPU) and run with FULL_TRACE `runs` times after a warm-up; op i's time on that kind
 is the median over the runs of its step-stats duration (`all_end_rel_micros`, i.e. op start to end; on a GPU
 the stream's kernel time when the trace has one). Ops that did not show up in the trace get 0 when they are
 placeholders (fed, free) and the roofline estimate of `placer.sim.costs` otherwise; `meta["estimated_ops"]`
@@ -47,14 +47,25 @@ def profile(graph, devices: Sequence[str] | str, runs: int = 5, *, warmup: int =
     from placer.runtime.local import LocalRunner
     from placer.sim.costs import CostTable, roofline_seconds
 
+    from placer.tasks import looks_like_tasks_file
+
     if runs < 1:
         raise MeasurementError(f"profile needs runs >= 1 (got {runs})")
-    devs = parse_devices(devices)
-    cluster = _cluster_for(devs)
-    run_devs = list(devs) + ([] if "/CPU:0" in devs else ["/CPU:0"])
-    cpu = run_devs.index("/CPU:0")
     own = runner is None
-    runner = runner or LocalRunner(graph, run_devs, warmup=warmup, runs=1, timeout=timeout)
+    if looks_like_tasks_file(devices):        # a TF cluster: every CPU kind is profiled on task 0
+        from placer.runtime.tfcluster import TFClusterRunner
+        from placer.sim.cluster import cluster_from_tasks
+
+        cluster = cluster_from_tasks(devices)
+        devs = run_devs = cluster.device_names
+        cpu = cluster.cpu_index if cluster.cpu_index is not None else 0
+        runner = runner or TFClusterRunner(graph, devices, warmup=warmup, runs=1, timeout=timeout)
+    else:
+        devs = parse_devices(devices)
+        cluster = _cluster_for(devs)
+        run_devs = list(devs) + ([] if "/CPU:0" in devs else ["/CPU:0"])
+        cpu = run_devs.index("/CPU:0")
+        runner = runner or LocalRunner(graph, run_devs, warmup=warmup, runs=1, timeout=timeout)
     n = graph.num_ops
     pos = {nm: i for i, nm in enumerate(graph.names)}
     is_feed = np.asarray([t in ("Placeholder", "PlaceholderV2") for t in graph.types])

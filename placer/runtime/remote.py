@@ -15,6 +15,8 @@ not have, a TF error) are failed Outcomes from the worker, not worker failures.
 
 `devices` are the device names placement indices refer to, as each worker's TensorFlow spells them
 (`/GPU:0`, `/CPU:0`); every worker must have them (a worker that lacks one reports a failed Outcome).
+`pool.cluster()` builds the cluster of those devices from what the workers report (a ClusterError names a worker
+that lacks one), never from this machine's TensorFlow: the client needs no GPU to search over the workers' GPUs.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class _Worker:
     reason: str = ""
     last_check: float = 0.0
     measured: int = 0
+    devices: list | None = None        # what TF sees on the worker (from its LoadGraph reply)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -139,10 +142,36 @@ class RemotePool(Evaluator):
         req = placer_pb2.LoadGraphRequest(fingerprint=self._fp, meta_graph=g.meta_graph, op_names=list(g.names),
                                           fetches=list(g.fetches), name=getattr(g, "name", "graph"))
         try:
-            w.stub.LoadGraph(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
+            reply = w.stub.LoadGraph(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
         except self._grpc.RpcError as e:
             raise WorkerFailed(self._rpc_error(e)) from None
         w.loaded = True
+        w.devices = list(reply.devices)
+
+    def reported_devices(self) -> dict[str, list[str]]:
+        """The devices TensorFlow sees on each live worker, as the worker reports them when it loads the graph
+        (loaded now if it was not: the measurements need it anyway). MeasurementError when no worker answers."""
+        self.check_workers(force=True)
+        out: dict[str, list[str]] = {}
+        for w in self.workers:
+            if not w.alive:
+                continue
+            try:
+                if not w.loaded or w.devices is None:
+                    self._load(w)
+                out[w.address] = list(w.devices or [])
+            except WorkerFailed as e:
+                self._fail(w, str(e))
+        if not out:
+            raise self._none_alive()
+        return out
+
+    def cluster(self):
+        """The cluster of this pool's `devices` as the workers report them (`placer.sim.cluster.cluster_from_reported`):
+        never this machine's TensorFlow device list, so a client without GPUs can search over workers' GPUs."""
+        from placer.sim.cluster import cluster_from_reported
+
+        return cluster_from_reported(self.devices, self.reported_devices())
 
     def _measure_on(self, w: _Worker, placement: np.ndarray, profile_runs: int = 0) -> Outcome:
         from placer.runtime import placer_pb2

@@ -81,6 +81,8 @@ class Cluster:
 # ---------------------------------------------------------------------------------------------------------------
 GiB = 1 << 30
 
+GRPC_BANDWIDTH, GRPC_LATENCY = 1.5e9, 300e-6   # see LINKS["grpc"]
+
 LINKS: dict[str, dict[str, float]] = {
     # bandwidth per direction (bytes/s) and per-transfer latency (s).
     # PCIe 3.0 x16: 8 GT/s x 16 lanes, 128b/130b = 15.75 GB/s per direction (PCI-SIG PCIe 3.0 spec;
@@ -103,6 +105,10 @@ LINKS: dict[str, dict[str, float]] = {
     # Logical CPU devices of one process: TF's intra-process rendezvous hands the buffer over without a copy;
     # we charge a host-memory copy (Xeon E5-2686 v4 datasheet: 76.8 GB/s, 4 x DDR4-2400) and a small latency.
     "host": {"bandwidth": 76.8e9, "latency": 5e-6},
+    # Two TF tasks (`placer cluster up`) talking gRPC over loopback: not a datasheet figure but a measurement
+    # (`placer calibrate`, tensor ping-pong 1 KiB-64 MiB, benchmarks/RESULTS.md "TF cluster links"); the default
+    # between tasks until a calibrated cluster JSON replaces it.
+    "grpc": {"bandwidth": GRPC_BANDWIDTH, "latency": GRPC_LATENCY},
 }
 # Latencies are not datasheet figures: they are the per-transfer fixed cost of a TF Send/Recv pair
 # (rendezvous + cudaMemcpyAsync launch), measured order 10-20 us on PCIe systems.
@@ -255,10 +261,13 @@ CLUSTER_JSON_DOC = """Cluster JSON file (format 1):
              {"name": "/GPU:2", "kind": "MyChip", "memory_bytes": 1e10, "peak_flops": 2e13,
               "mem_bandwidth": 1e12}],                                 # a non-preset kind gives every figure
  "bandwidth": [[...D floats...], ...],   # optional: bytes/s of link i->j (default: the presets' link model)
- "latency":   [[...D floats...], ...]}   # optional: seconds per transfer on link i->j
+ "latency":   [[...D floats...], ...],   # optional: seconds per transfer on link i->j
+ "links": [[null, {"bandwidth_Bps": 1.2e9, "latency_s": 3e-4, "shared": null}, ...], ...]}
+                                         # optional, wins over the two matrices (written by `placer calibrate`)
 Device fields: name (TF short form or full form), kind, memory_bytes, reserve_bytes (0), concurrency (1; the
 host CPU preset: 2), peak_flops (fp32 FLOP/s), mem_bandwidth (bytes/s). Diagonal entries are ignored; a null or
-missing matrix takes the default link model."""
+missing matrix (or link) takes the default link model. A transfer of B bytes on link i->j takes
+latency + B / bandwidth."""
 
 
 def cluster_to_dict(cluster: Cluster) -> dict:
@@ -287,6 +296,10 @@ def to_json(cluster: Cluster, path: "str | os.PathLike | None" = None) -> str:
 
 
 def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
+    if isinstance(obj, dict) and "tasks" in obj and "devices" not in obj:
+        raise ClusterError(f"{source} is a tasks file (TF cluster tasks), not a cluster JSON: measure or search "
+                           f"on it with --devices {source}, or simulate the cluster.json that `placer calibrate "
+                           f"--devices {source} --out DIR` writes")
     if not isinstance(obj, dict) or not isinstance(obj.get("devices"), list) or not obj["devices"]:
         raise ClusterError(f"{source}: a cluster JSON needs a non-empty \"devices\" list\n{CLUSTER_JSON_DOC}")
     devs = []
@@ -333,7 +346,41 @@ def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
             raise ClusterError(f"{source}: latencies must be >= 0 s")
         np.fill_diagonal(arr, np.inf if key == "bandwidth" else 0.0)
         getattr(c, key)[...] = arr
+    if obj.get("links") is not None:        # per-pair link objects win over the plain matrices
+        _read_links(c, obj["links"], source)
+    if obj.get("shared_links") is not None:
+        c.meta["shared_links"] = obj["shared_links"]
     return c
+
+
+def _read_links(c: Cluster, links, source: str) -> None:
+    """Fill `c.bandwidth` / `c.latency` from a D x D "links" matrix of {"bandwidth_Bps", "latency_s", "shared"}
+    objects (null entries and the diagonal keep the default link model). A link's "shared" name is kept in
+    `c.meta["link_shared"]` (the simulator charges each link on its own)."""
+    n = c.num_devices
+    if not isinstance(links, list) or len(links) != n or not all(isinstance(r, list) and len(r) == n for r in links):
+        raise ClusterError(f"{source}: \"links\" must be a {n}x{n} matrix (one row per device) of "
+                           f"{{\"bandwidth_Bps\": float, \"latency_s\": float, \"shared\": str|null}} or null")
+    shared = {}
+    for i, row in enumerate(links):
+        for j, ln in enumerate(row):
+            if ln is None or i == j:
+                continue
+            where = f"{source}: link {c.devices[i].name} -> {c.devices[j].name}"
+            if not isinstance(ln, dict):
+                raise ClusterError(f"{where}: expected an object or null, got {ln!r}")
+            try:
+                bw = float(ln.get("bandwidth_Bps", c.bandwidth[i, j]))
+                lat = float(ln.get("latency_s", c.latency[i, j]))
+            except (TypeError, ValueError) as e:
+                raise ClusterError(f"{where}: bad figure ({e})") from None
+            if not bw > 0 or not np.isfinite(lat) or lat < 0:
+                raise ClusterError(f"{where}: bandwidth_Bps must be > 0 and latency_s >= 0 (got {bw}, {lat})")
+            c.bandwidth[i, j], c.latency[i, j] = bw, lat
+            if ln.get("shared") is not None:
+                shared[f"{i},{j}"] = str(ln["shared"])
+    if shared:
+        c.meta["link_shared"] = shared
 
 
 def load_cluster(path: "str | os.PathLike") -> Cluster:
@@ -385,9 +432,15 @@ def cluster_from_devices(spec: "str | Sequence[str]") -> Cluster:
     host: each gets the host's memory and 1/N of its peak, concurrency 1 when N > 1) or a comma list of TF device
     names (kind and memory from TensorFlow's device list; a GPU model that is no preset gets the V100 figures).
 
+    A path ending in `.json` is a tasks file of `placer cluster up` (see `cluster_from_tasks`).
+
     >>> cluster_from_devices("cpu:2").device_names
     ['/CPU:0', '/CPU:1']
     """
+    from placer.tasks import looks_like_tasks_file
+
+    if looks_like_tasks_file(spec):
+        return cluster_from_tasks(spec)
     if isinstance(spec, str):
         s = spec.strip()
         m = re.match(r"^cpu\s*:\s*(\d+)$", s, re.I)
@@ -422,6 +475,63 @@ def cluster_from_devices(spec: "str | Sequence[str]") -> Cluster:
         else:
             devs.append(make_device(nm, kind, memory_bytes=mem))
     return make_cluster(devs, name=",".join(short), spec=",".join(short))
+
+
+def cluster_from_tasks(tasks) -> Cluster:
+    """The cluster of a tasks file (a path or a `placer.tasks.TasksFile`): every task's devices in task order, by
+    their full TF names. A CPU device gets the host's memory (as `cpu:N` does) and as many ops at once as its
+    task has cores, with that many cores' share of the host preset's roofline figures; a GPU of a task gets the
+    V100 figures. Devices of different tasks talk over LINKS["grpc"], devices of one task over the default link
+    model. `placer calibrate` measures the links and costs and writes a cluster JSON that replaces these guesses.
+    """
+    from placer.tasks import TasksFile, load_tasks
+
+    tf_ = tasks if isinstance(tasks, TasksFile) else load_tasks(tasks)
+    host = PRESETS["cpu"]
+    mem = _host_memory_bytes()
+    devs, owner = [], []
+    for t in tf_.tasks:
+        k = max(1, len(t.cores))
+        share = k / host["cores"]
+        for d in t.devices:
+            if d.rsplit("/device:", 1)[-1].upper().startswith("CPU:"):
+                devs.append(make_device(d, "cpu", memory_bytes=mem, reserve_bytes=min(mem // 8, 2 * GiB),
+                                        concurrency=k, peak_flops=host["peak_flops"] * share,
+                                        mem_bandwidth=host["mem_bandwidth"] * share))
+            else:
+                devs.append(make_device(d, "V100"))
+            owner.append(t.index)
+    c = make_cluster(devs, name=f"tasks:{Path(tf_.path).name}", spec=tf_.path, tasks_file=tf_.path)
+    own = np.asarray(owner)
+    across = own[:, None] != own[None, :]
+    c.bandwidth[across] = LINKS["grpc"]["bandwidth"]
+    c.latency[across] = LINKS["grpc"]["latency"]
+    return c
+
+
+def cluster_from_reported(devices: Sequence[str], reported: dict[str, Sequence[str]]) -> Cluster:
+    """Cluster of `devices` (short TF names, index order kept) on remote measurement workers, from the device
+    lists the workers report (`{address: [names]}`; `RemotePool.reported_devices`), never from this machine's
+    TensorFlow. Every worker must have every device (ClusterError naming the worker, the device and what the
+    worker has). Kinds and figures are nominal: the `cpu` preset for CPUs, V100 for GPUs (give a cluster JSON with
+    --cluster for the real figures).
+
+    >>> cluster_from_reported(["/GPU:0", "/CPU:0"], {"h1:50051": ["/CPU:0", "/GPU:0"]}).devices[0].kind
+    'V100'
+    """
+    names = [short_device_name(x) for x in devices]
+    if len(set(names)) != len(names):
+        raise ClusterError(f"--devices names a device twice: {list(devices)}")
+    if not reported:
+        raise ClusterError("no measurement worker reported its devices")
+    for addr, have in reported.items():
+        have_short = {short_device_name(x) for x in have}
+        missing = [n for n in names if n not in have_short]
+        if missing:
+            raise ClusterError(f"worker {addr} has no device {missing[0]} (it reports: "
+                               f"{', '.join(sorted(have_short)) or 'none'})")
+    devs = [make_device(n, "cpu" if n.rsplit("/", 1)[-1].upper().startswith("CPU") else "V100") for n in names]
+    return make_cluster(devs, name=",".join(names), spec=",".join(names), workers=sorted(reported))
 
 
 def _local_tf_devices() -> dict[str, tuple[str, int | None]]:

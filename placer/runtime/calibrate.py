@@ -1,0 +1,171 @@
+"""`placer calibrate`: measure the devices a search will run on, so that the simulator describes them.
+
+    from placer.runtime.calibrate import calibrate
+    summary = calibrate(graph, "c.json", "calib/")     # or "cpu:2", "/GPU:0,/GPU:1,/CPU:0"
+    # placer simulate --model M --cluster calib/cluster.json --costs calib/costs.json ...
+
+Writes two files (names and formats kept apart from the tasks file):
+- `DIR/costs.json`: the graph's per-op costs, profiled (`placer.runtime.profile`) on one device per kind — on a
+  tasks file, task 0's CPU.
+- `DIR/cluster.json`: a cluster JSON (`--cluster`) of the devices (kind, memory, `concurrency` = the task's cores,
+  each running ops with that many threads) with a D x D "links" matrix: `{"bandwidth_Bps", "latency_s", "shared":
+  null}` per ordered device pair (null on the diagonal). Each measured link comes from a tensor ping-pong: a
+  float32 variable of each size (1 KiB to 64 MiB, x4 steps) read on device i and taken by an Identity on device j,
+  the median step time over `runs` minus the median of the same step with the Identity on i (see
+  `_child._State.links`), fitted by least squares on relative residuals to time = latency + bytes / bandwidth.
+  On a tasks file one link is measured per ordered pair of tasks (between their first devices) and stands for
+  every device pair across those two tasks; devices of one task keep the default link model. Local devices
+  (`cpu:N`, a device list) are measured pair by pair. The raw times and each fit's relative RMS residual are
+  kept under "calibration".
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from placer.errors import MeasurementError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))      # 1 KiB .. 64 MiB
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    latency_s: float
+    bandwidth_Bps: float
+    rel_rms: float           # RMS of (fit - measured) / measured over the sizes
+    clamped: bool = False    # the raw least-squares figure was not positive and was replaced
+
+    def to_dict(self) -> dict:
+        return {"latency_s": self.latency_s, "bandwidth_Bps": self.bandwidth_Bps, "rel_rms": self.rel_rms,
+                "clamped": self.clamped}
+
+
+def fit_link(sizes: Sequence[float], times: Sequence[float]) -> LinkFit:
+    """Least squares of time = latency + bytes / bandwidth, each size weighted by 1 / time (relative residuals, so
+    that the 64 MiB point does not drown the 1 KiB ones). A non-positive slope or intercept (noise on a fast
+    link) is replaced by the largest size's time per byte / the smallest time still left, so both figures are
+    finite and positive.
+
+    >>> f = fit_link([1e3, 1e6, 1e8], [1e-4 + 1e3 / 1e9, 1e-4 + 1e6 / 1e9, 1e-4 + 1e8 / 1e9])
+    >>> round(f.latency_s * 1e6), round(f.bandwidth_Bps / 1e9, 3)
+    (100, 1.0)
+    """
+    s = np.asarray(sizes, float)
+    t = np.asarray(times, float)
+    ok = np.isfinite(t)
+    s, t = s[ok], t[ok]
+    if len(s) < 2:
+        raise MeasurementError(f"a link fit needs at least two sizes with a time (got {len(s)})")
+    w = 1.0 / np.maximum(np.abs(t), 1e-6)
+    a = np.stack([np.ones_like(s), s], axis=1) * w[:, None]
+    (lat, per_byte), *_ = np.linalg.lstsq(a, t * w, rcond=None)
+    clamped = False
+    if not per_byte > 0:
+        big = int(np.argmax(s))
+        per_byte = max(t[big], 1e-9) / s[big]
+        clamped = True
+    if not lat > 0:
+        lat = max(float(np.min(t - s * per_byte)), 1e-6)
+        clamped = True
+    fit = lat + s * per_byte
+    rel = float(np.sqrt(np.mean(((fit - t) / np.maximum(np.abs(t), 1e-9)) ** 2)))
+    return LinkFit(float(lat), float(1.0 / per_byte), rel, clamped)
+
+
+def _units(cluster) -> tuple[list[int], list[list[int]]]:
+    """Representative device of each unit a link is measured between, and each unit's devices: the tasks of a
+    tasks-file cluster, else every device on its own."""
+    names = cluster.device_names
+    if cluster.meta.get("tasks_file"):
+        groups: dict[str, list[int]] = {}
+        for i, n in enumerate(names):
+            groups.setdefault(n.split("/device:")[0], []).append(i)
+        members = list(groups.values())
+    else:
+        members = [[i] for i in range(len(names))]
+    return [m[0] for m in members], members
+
+
+def calibrate(graph, devices, out_dir: "str | os.PathLike", *, sizes: Sequence[int] = DEFAULT_SIZES,
+              link_runs: int = 15, link_warmup: int = 3, profile_runs: int = 5, timeout: float = 600.0,
+              progress=None) -> dict:
+    """Profile `graph` and measure the links of `devices` (a tasks file, `cpu:N` or device names); write
+    DIR/costs.json and DIR/cluster.json. Returns a summary: {"cluster": path, "costs": path, "links": [{"src",
+    "dst", "latency_s", "bandwidth_Bps", "rel_rms"}], "profile_s", "links_s"}."""
+    from placer.runtime.profile import profile
+    from placer.sim.cluster import cluster_from_devices, cluster_to_dict
+    from placer.tasks import looks_like_tasks_file
+
+    say = progress or (lambda msg: None)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cluster = cluster_from_devices(devices)
+    if looks_like_tasks_file(devices):
+        from placer.runtime.tfcluster import TFClusterRunner
+
+        runner = TFClusterRunner(graph, devices, warmup=2, runs=1, timeout=timeout)
+    else:
+        from placer.runtime.local import LocalRunner
+
+        runner = LocalRunner(graph, cluster.device_names, warmup=2, runs=1, timeout=timeout)
+    reps, members = _units(cluster)
+    pairs = [(a, b) for a in range(len(reps)) for b in range(len(reps)) if a != b]
+    fits: dict[tuple[int, int], LinkFit] = {}
+    raw: dict[str, dict] = {}
+    try:
+        from placer.runtime.tfcluster import links_in_child
+
+        t0 = time.perf_counter()
+        if pairs:
+            say(f"ping-pong over {len(pairs)} device pairs, {len(sizes)} sizes "
+                f"{sizes[0]}..{sizes[-1]} bytes, {link_runs} runs each")
+            res = links_in_child(runner, sizes, pairs=[(reps[a], reps[b]) for a, b in pairs],
+                                 warmup=link_warmup, runs=link_runs)
+            for a, b in pairs:
+                key = f"{reps[a]},{reps[b]}"
+                times = res["times"][key]
+                fits[a, b] = f = fit_link(sizes, times)
+                raw[key] = {"src": cluster.device_names[reps[a]], "dst": cluster.device_names[reps[b]],
+                            "times_s": times, **f.to_dict()}
+        links_s = time.perf_counter() - t0
+        say(f"profiling {graph.name} on {cluster.device_names[0]}")
+        t0 = time.perf_counter()
+        table = profile(graph, devices, runs=profile_runs, timeout=timeout, runner=runner)
+        profile_s = time.perf_counter() - t0
+    finally:
+        runner.close()
+    costs_path = out / "costs.json"
+    table.save(costs_path)
+    d = cluster.num_devices
+    unit_of = {i: u for u, m in enumerate(members) for i in m}
+    links: list[list[dict | None]] = [[None] * d for _ in range(d)]
+    for i in range(d):
+        for j in range(d):
+            if i == j:
+                continue
+            f = fits.get((unit_of[i], unit_of[j]))
+            if f is not None:
+                cluster.bandwidth[i, j], cluster.latency[i, j] = f.bandwidth_Bps, f.latency_s
+            links[i][j] = {"bandwidth_Bps": float(cluster.bandwidth[i, j]), "latency_s": float(cluster.latency[i, j]),
+                           "shared": None}
+    obj = cluster_to_dict(cluster)
+    obj["name"] = f"calibrated {cluster.name}"
+    obj["links"] = links
+    obj["calibration"] = {"devices": str(devices), "sizes_bytes": [int(s) for s in sizes], "runs": int(link_runs),
+                          "pairs": list(raw.values()), "costs": str(costs_path.name),
+                          "tensorflow_version": runner.tf_version, "links_s": links_s, "profile_s": profile_s}
+    cluster_path = out / "cluster.json"
+    cluster_path.write_text(json.dumps(obj, indent=1) + "\n")
+    return {"cluster": str(cluster_path), "costs": str(costs_path), "devices": cluster.device_names,
+            "concurrency": [int(x.concurrency) for x in cluster.devices],
+            "links": [{k: v for k, v in r.items() if k != "times_s"} for r in raw.values()],
+            "links_s": links_s, "profile_s": profile_s}

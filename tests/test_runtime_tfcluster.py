@@ -1,0 +1,268 @@
+"""TF cluster devices: `placer cluster up/down`, TFClusterRunner, `placer calibrate`, the tasks file's bad input.
+
+Every TF server here is started by the test itself on 127.0.0.1 and stopped by the PIDs it started, also when the
+test fails (fixtures with finally). One 2-task cluster is shared by the module; the up/down and kill tests make
+their own.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from placer.cli import main
+from placer.errors import ClusterError, MeasurementError, PlacementError
+from placer.runtime.servers import cluster_down, cluster_up, listening_addresses
+from placer.runtime.tfcluster import TFClusterRunner
+from placer.tasks import TasksFileError, load_tasks
+from runtime_util import mlp_graph
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except OSError:
+        return True
+
+
+def _kill_all(pids) -> None:
+    """Last resort for a fixture: SIGKILL the PIDs this test started (if they are still ours)."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"placer.runtime._task" not in f.read():
+                    continue
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
+def _tf_cluster(path, n=2):
+    """Start an n-task cluster; yield its TasksFile; stop it (by its PIDs) whatever happened."""
+    tasks = None
+    try:
+        tasks = cluster_up(n, path)
+        yield tasks
+    finally:
+        if tasks is not None:
+            pids = [t.pid for t in tasks.tasks]
+            try:
+                cluster_down(path)
+            finally:
+                _kill_all(pids)
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    yield from _tf_cluster(tmp_path_factory.mktemp("tfc") / "c.json")
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return mlp_graph()
+
+
+def _one_line_error(capsys, rc):
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+# ---- cluster up / down --------------------------------------------------------------------------------------------
+def test_cluster_up_and_down_leave_no_process(tmp_path, capsys):
+    path = tmp_path / "c.json"
+    pids = []
+    try:
+        assert main(["cluster", "up", "--tasks", "2", "--out", str(path)]) == 0
+        obj = json.loads(path.read_text())
+        assert obj["format"] == 1 and obj["job"] == "worker" and len(obj["tasks"]) == 2
+        pids = [t["pid"] for t in obj["tasks"]]
+        for k, t in enumerate(obj["tasks"]):
+            assert set(t) >= {"address", "pid", "cores", "devices"}
+            assert t["address"].startswith("127.0.0.1:") and isinstance(t["pid"], int)
+            assert t["devices"] == [f"/job:worker/replica:0/task:{k}/device:CPU:0"]
+            # pinned to its own cores, serving on loopback only, surviving the command (it runs detached)
+            assert os.sched_getaffinity(t["pid"]) == set(t["cores"])
+            port = int(t["address"].rsplit(":", 1)[1])
+            addrs = listening_addresses(port)
+            assert addrs and all(a.startswith("127.") for a in addrs), addrs
+            assert os.getsid(t["pid"]) == t["pid"]
+        assert not set(obj["tasks"][0]["cores"]) & set(obj["tasks"][1]["cores"])
+        capsys.readouterr()
+        assert main(["cluster", "down", str(path)]) == 0
+        assert capsys.readouterr().out.count(": stopped") == 2
+        assert all(_gone(p) for p in pids)
+        assert main(["cluster", "down", str(path)]) == 0          # again: nothing to stop, nothing else touched
+        assert capsys.readouterr().out.count("not running") == 2
+    finally:
+        _kill_all(pids)
+
+
+def test_port_in_use_and_too_many_cores_are_one_line_errors(tmp_path, capsys):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    try:
+        port = s.getsockname()[1]
+        err = _one_line_error(capsys, main(["cluster", "up", "--tasks", "1", "--port", str(port),
+                                            "--out", str(tmp_path / "x.json")]))
+        assert f"127.0.0.1:{port}" in err and "in use" in err
+    finally:
+        s.close()
+    n = len(os.sched_getaffinity(0)) + 1
+    err = _one_line_error(capsys, main(["cluster", "up", "--tasks", str(n), "--cores-per-task", "1",
+                                        "--out", str(tmp_path / "y.json")]))
+    assert "--share-cores" in err
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "y.json").exists()
+
+
+# ---- measuring on the tasks ---------------------------------------------------------------------------------------
+def test_measure_cli_round_robin_runs_on_both_tasks(tasks, capsys):
+    rc = main(["measure", "--model", "nmt", "--size", "tiny", "--devices", tasks.path, "--placement", "round_robin",
+               "--runs", "3", "--warmup", "1", "--json"])
+    obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and obj["error"] is None, obj
+    assert obj["on_assigned_device"] == 1.0
+    assert len(obj["runs_s"]) == 3 and obj["step_time_s"] == pytest.approx(float(np.median(obj["runs_s"])))
+
+
+def test_runner_places_ops_on_their_tasks(tasks, mlp):
+    from placer.api import resolve_placement
+    from placer.sim.cluster import cluster_from_devices
+
+    cluster = cluster_from_devices(tasks.path)
+    assert cluster.device_names == tasks.devices and all(d.kind == "cpu" for d in cluster.devices)
+    single = resolve_placement("single", mlp, cluster)
+    assert set(single) == {0}                                       # `single`: everything on task 0
+    split = (mlp.colocation % 2).astype(np.int64)
+    with TFClusterRunner(mlp, tasks.path, warmup=1, runs=3, timeout=60) as r:
+        assert r.devices == tasks.devices
+        one, two = r.evaluate([single, split])
+    for o in (one, two):
+        assert o.ok, o.reason
+        assert o.on_assigned_device == 1.0 and len(o.runs) == 3
+    assert one.peak_memory[0] > 0 and one.peak_memory[1] == 0
+    assert two.peak_memory.min() > 0                                # ops ran (and allocated) on both tasks
+    assert set(two.peak_by_device) == set(tasks.devices)
+
+
+def test_killed_task_is_a_failed_outcome_naming_it(tmp_path, mlp):
+    for tf_ in _tf_cluster(tmp_path / "k.json"):
+        victim = tf_.tasks[1]
+        split = (mlp.colocation % 2).astype(np.int64)
+        with TFClusterRunner(mlp, tf_, warmup=1, runs=100000, timeout=60) as r:
+            r.start()
+            killer = threading.Timer(1.0, os.kill, (victim.pid, signal.SIGKILL))
+            killer.start()
+            t0 = time.perf_counter()
+            try:
+                [out] = r.evaluate([split])
+            finally:
+                killer.cancel()
+            assert time.perf_counter() - t0 < 30
+            assert out.failed and "task 1" in out.reason and str(victim.pid) in out.reason, out.reason
+            [again] = r.evaluate([split])                           # at once, without a session
+            assert again.failed and "task 1" in again.reason
+        assert _gone(victim.pid)
+
+
+# ---- calibration --------------------------------------------------------------------------------------------------
+def test_calibrate_fits_links_and_writes_files_the_simulator_reads(tasks, mlp, tmp_path):
+    from placer.runtime.calibrate import calibrate
+    from placer.sim.cluster import parse_cluster
+    from placer.sim.costs import CostTable
+    from placer.sim.simulator import Simulator
+
+    summary = calibrate(mlp, tasks.path, tmp_path / "cal", sizes=(1024, 65536, 1 << 20, 4 << 20), link_runs=5,
+                        profile_runs=2, timeout=120)
+    assert len(summary["links"]) == 2                               # task 0 -> 1 and 1 -> 0
+    for ln in summary["links"]:
+        assert np.isfinite(ln["latency_s"]) and 1e-7 < ln["latency_s"] < 0.1, ln
+        assert np.isfinite(ln["bandwidth_Bps"]) and 1e6 < ln["bandwidth_Bps"] < 1e12, ln
+    obj = json.loads((tmp_path / "cal" / "cluster.json").read_text())
+    assert obj["links"][0][0] is None and obj["links"][0][1]["shared"] is None
+    assert [d["concurrency"] for d in obj["devices"]] == [len(t.cores) for t in tasks.tasks]
+    c = parse_cluster(str(tmp_path / "cal" / "cluster.json"))
+    assert c.device_names == tasks.devices
+    assert c.latency[0, 1] == pytest.approx(obj["links"][0][1]["latency_s"])
+    assert c.bandwidth[1, 0] == pytest.approx(obj["links"][1][0]["bandwidth_Bps"])
+    costs = CostTable.load(tmp_path / "cal" / "costs.json", mlp)
+    assert costs.source == "profiled" and costs.kinds == ["cpu"]
+    sim = Simulator(mlp, c, costs)
+    one = sim.simulate(np.zeros(mlp.num_ops, np.int64)).step_time
+    split = sim.simulate((mlp.colocation % 2).astype(np.int64)).step_time
+    assert 0 < one < split                                         # crossing tasks costs gRPC time
+
+
+# ---- bad input ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, words", [
+    ("{not json", "not valid JSON"),
+    ('{"format": 1, "job": "worker"}', "expected"),
+    ('{"format": 1, "job": "worker", "tasks": [{"address": "127.0.0.1", "pid": null, "cores": [], '
+     '"devices": ["/job:worker/replica:0/task:0/device:CPU:0"]}]}', "HOST:PORT"),
+    ('{"format": 1, "job": "worker", "tasks": [{"address": "127.0.0.1:1234", "pid": null, "cores": [], '
+     '"devices": ["/job:worker/replica:0/task:3/device:CPU:0"]}]}', "not a device of"),
+    ('{"format": 1, "devices": [{"name": "/CPU:0", "kind": "cpu"}]}', "--cluster"),
+])
+def test_malformed_tasks_file_is_a_one_line_error(tmp_path, capsys, text, words):
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    with pytest.raises(TasksFileError, match=str(p)):
+        load_tasks(p)
+    err = _one_line_error(capsys, main(["measure", "--model", "nmt", "--size", "tiny", "--devices", str(p)]))
+    assert str(p) in err and words in err
+
+
+def test_dead_ports_are_a_one_line_error(tmp_path, capsys, mlp):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()                                                       # nothing listens there now
+    p = tmp_path / "dead.json"
+    p.write_text(json.dumps({"format": 1, "job": "worker", "tasks": [
+        {"address": f"127.0.0.1:{port}", "pid": None, "cores": [0],
+         "devices": ["/job:worker/replica:0/task:0/device:CPU:0"]}]}))
+    for argv in (["measure", "--model", "nmt", "--size", "tiny", "--devices", str(p)],
+                 ["calibrate", "--model", "nmt", "--size", "tiny", "--devices", str(p), "--out", str(tmp_path)]):
+        err = _one_line_error(capsys, main(argv))
+        assert str(p) in err and f"task 0 (127.0.0.1:{port})" in err and "down" in err
+    with pytest.raises(MeasurementError, match="task 0"):
+        TFClusterRunner(mlp, str(p))
+
+
+def test_device_not_in_the_cluster_is_an_error(tasks, mlp, tmp_path, capsys):
+    bogus = "/job:worker/replica:0/task:7/device:CPU:0"
+    with pytest.raises(ClusterError, match=r"task:7.*" + str(tasks.path).replace(".", r"\.")):
+        TFClusterRunner(mlp, tasks.path, devices=[tasks.devices[0], bogus])
+    from placer.api import Placement
+    from placer.graphs.models import build_model
+
+    g = build_model("nmt", "tiny")
+    pl = Placement.from_indices(g, [tasks.devices[0], bogus], np.ones(g.num_ops, np.int64))
+    pl.save(tmp_path / "p.json")
+    err = _one_line_error(capsys, main(["measure", "--model", "nmt", "--size", "tiny", "--devices", tasks.path,
+                                        "--placement", str(tmp_path / "p.json")]))
+    assert bogus in err
+    with pytest.raises(PlacementError):
+        pl.to_indices(g, tasks.devices)
+
+
+def test_hang_is_cut_and_the_tasks_measure_again(tasks, mlp):
+    from runtime_util import hang_graph
+
+    g = hang_graph()
+    with TFClusterRunner(g, tasks.path, warmup=1, runs=1, timeout=4) as r:
+        t0 = time.perf_counter()
+        [o] = r.evaluate([np.zeros(g.num_ops, np.int64)])
+        assert o.failed and "timed out" in o.reason, o.reason
+        assert time.perf_counter() - t0 < 15
+    with TFClusterRunner(mlp, tasks.path, warmup=1, runs=1, timeout=60) as r:
+        [ok] = r.evaluate([(mlp.colocation % 2).astype(np.int64)])
+        assert ok.ok, ok.reason
