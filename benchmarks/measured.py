@@ -55,8 +55,8 @@ def run_model(model: str, size: str, tasks: Path, workdir: Path, budget: float, 
     graph = build_model(model, size)
     cluster_json, costs_json = calibrate(model, size, tasks, workdir / f"calib_{model}_{size}")
     calib = ["--cluster", str(cluster_json), "--costs", str(costs_json)]
-    meas = search(model, size, workdir / f"search_measure_{model}", calib + ["--devices", str(tasks),
-                                                                             "--reward", "measure"], budget, seed)
+    meas = search(model, size, workdir / f"search_measure_{model}",
+                  calib + ["--devices", str(tasks), "--reward", "measure", "--warmup", "1", "--runs", "3"], budget, seed)
     sims = search(model, size, workdir / f"search_sim_{model}", calib + ["--reward", "sim"], sim_budget, seed)
     problem = build_problem(graph, str(cluster_json), costs=str(costs_json), seed=seed)
     names = problem.device_names

@@ -18,7 +18,7 @@ ARGS_FILE = "args.json"
 # args stored for --resume (everything `placer search` reads)
 _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
                 "token_file", "costs", "budget", "max_updates", "patience", "groups", "seed", "out", "no_progress",
-                "json", "remeasure")
+                "json", "remeasure", "warmup", "runs")
 
 
 def _save_args(out: Path, args) -> None:
@@ -90,7 +90,8 @@ def run_search(args) -> int:
             from placer.runtime import make_evaluator
 
             evaluator = make_evaluator(graph, args.devices if args.devices else problem.device_names,
-                                       workers=args.workers, token_file=args.token_file)
+                                       workers=args.workers, token_file=args.token_file,
+                                       warmup=int(getattr(args, "warmup", 2) or 0), runs=int(getattr(args, "runs", 5) or 1))
         search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0),
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,
                resume=resume, remeasure=getattr(args, "remeasure", True) is not False,
