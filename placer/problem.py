@@ -221,14 +221,18 @@ def cluster_without(cluster: Cluster, exclude: Sequence[str]) -> tuple[Cluster, 
         raise ClusterError(f"excluding {', '.join(exclude)} leaves no accelerator of cluster {cluster.name!r} "
                            f"({', '.join(cluster.device_names)})")
     ix = np.ix_(keep, keep)
-    meta = {k: v for k, v in cluster.meta.items() if k != "link_shared"}
-    shared = {}
-    for key, name in cluster.meta.get("link_shared", {}).items():
+    meta = {k: v for k, v in cluster.meta.items() if k not in ("link_shared", "link_pipelined")}
+
+    def kept(key: str) -> str | None:     # "i,j" of the old cluster → of the survivors (None: a link lost)
         i, j = (int(x) for x in key.split(","))
-        if i in keep and j in keep:
-            shared[f"{keep.index(i)},{keep.index(j)}"] = name
+        return f"{keep.index(i)},{keep.index(j)}" if i in keep and j in keep else None
+
+    shared = {kept(k): v for k, v in cluster.meta.get("link_shared", {}).items() if kept(k)}
+    pipelined = [kept(k) for k in cluster.meta.get("link_pipelined", ()) if kept(k)]
     if shared:
         meta["link_shared"] = shared
+    if pipelined:
+        meta["link_pipelined"] = pipelined
     meta["excluded"] = [cluster.device_names[i] for i in drop]
     out = dc_replace(cluster, devices=tuple(cluster.devices[i] for i in keep),
                      bandwidth=np.asarray(cluster.bandwidth)[ix].copy(), latency=np.asarray(cluster.latency)[ix].copy(),

@@ -188,3 +188,28 @@ def test_cluster_of_a_tasks_file(tmp_path):
     assert c.device_names == ["/GPU:1", "/CPU:0"] and c.devices[0].kind == "V100"
     with pytest.raises(ClusterError, match="worker h2:50051 has no device /GPU:1"):
         cluster_from_reported(["/GPU:1"], {"h1:50051": ["/GPU:1"], "h2:50051": ["/CPU:0", "/GPU:0"]})
+
+
+def test_pipelined_link_lets_transfers_share_the_latency(tmp_path):
+    """Two tensors sent back to back over link 0->1: a FIFO link serialises latency + bytes/bandwidth each; a
+    pipelined one (gRPC between TF tasks) only the bytes, each arriving the latency after its bytes."""
+    from placer.graphs.opgraph import OpGraph
+    from placer.sim.cluster import to_json
+    from placer.sim.simulator import Simulator
+
+    def cluster(pipelined: bool):
+        p = tmp_path / f"c{int(pipelined)}.json"
+        ln = {"bandwidth_Bps": 1e6, "latency_s": 0.5, "shared": None, **({"pipelined": True} if pipelined else {})}
+        p.write_text(json.dumps({"devices": [{"name": "/CPU:0", "kind": "cpu"}, {"name": "/CPU:1", "kind": "cpu"}],
+                                 "links": [[None, ln], [ln, None]]}))
+        return parse_cluster(str(p))
+
+    g = OpGraph.build([("a", "X", 10**6), ("b", "X", 10**6), ("c", "X", 8)], [("a", "c"), ("b", "c")])
+    pl = np.array([0, 0, 1])
+    cost = np.array([[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    fifo, pipe = cluster(False), cluster(True)
+    assert Simulator(g, fifo, cost).simulate(pl).step_time == pytest.approx(2 * (1 + 0.5) + 1)
+    assert Simulator(g, pipe, cost).simulate(pl).step_time == pytest.approx(2 * 1 + 0.5 + 1)
+    assert pipe.meta["link_pipelined"] == ["0,1", "1,0"]
+    again = parse_cluster(to_json(pipe, tmp_path / "again.json") and str(tmp_path / "again.json"))
+    assert again.meta["link_pipelined"] == ["0,1", "1,0"]                 # written and read back

@@ -49,6 +49,9 @@ class LinkFit:
                 "clamped": self.clamped}
 
 
+PIPELINED_TASK_LINKS = True   # see benchmarks/RESULTS.md, "Simulator vs real"
+
+
 def fit_link(sizes: Sequence[float], times: Sequence[float]) -> LinkFit:
     """Least squares of time = latency + bytes / bandwidth, each size weighted by 1 / time (relative residuals, so
     that the 64 MiB point does not drown the 1 KiB ones). A non-positive slope or intercept (noise on a fast
@@ -157,6 +160,9 @@ def calibrate(graph, devices, out_dir: "str | os.PathLike", *, sizes: Sequence[i
                 cluster.bandwidth[i, j], cluster.latency[i, j] = f.bandwidth_Bps, f.latency_s
             links[i][j] = {"bandwidth_Bps": float(cluster.bandwidth[i, j]), "latency_s": float(cluster.latency[i, j]),
                            "shared": None}
+            if f is not None and PIPELINED_TASK_LINKS:
+                # between tasks, TF's gRPC keeps many RecvTensor calls in flight: the latency does not hold the link
+                links[i][j]["pipelined"] = True
     obj = cluster_to_dict(cluster)
     obj["name"] = f"calibrated {cluster.name}"
     obj["links"] = links

@@ -262,7 +262,7 @@ CLUSTER_JSON_DOC = """Cluster JSON file (format 1):
               "mem_bandwidth": 1e12}],                                 # a non-preset kind gives every figure
  "bandwidth": [[...D floats...], ...],   # optional: bytes/s of link i->j (default: the presets' link model)
  "latency":   [[...D floats...], ...],   # optional: seconds per transfer on link i->j
- "links": [[null, {"bandwidth_Bps": 1.2e9, "latency_s": 3e-4, "shared": null}, ...], ...]}
+ "links": [[null, {"bandwidth_Bps": 1.2e9, "latency_s": 3e-4, "shared": null, "pipelined": true}, ...], ...]}
                                          # optional, wins over the two matrices (written by `placer calibrate`)
 Device fields: name (TF short form or full form), kind, memory_bytes, reserve_bytes (0), concurrency (1; the
 host CPU preset: 2), peak_flops (fp32 FLOP/s), mem_bandwidth (bytes/s). Diagonal entries are ignored; a null or
@@ -283,7 +283,18 @@ def cluster_to_dict(cluster: Cluster) -> dict:
                     for d in cluster.devices],
         "bandwidth": [[num(x) for x in row] for row in np.asarray(cluster.bandwidth, float)],
         "latency": [[float(x) for x in row] for row in np.asarray(cluster.latency, float)],
+        **({"links": _links_of(cluster)} if {"link_shared", "link_pipelined"} & set(cluster.meta) else {}),
     }
+
+
+def _links_of(cluster: Cluster) -> list:
+    """The "links" matrix of a cluster whose links carry more than bandwidth and latency (shared, pipelined)."""
+    shared = cluster.meta.get("link_shared", {})
+    pipe = link_pipelined(cluster)
+    return [[None if i == j else {"bandwidth_Bps": float(cluster.bandwidth[i, j]),
+                                  "latency_s": float(cluster.latency[i, j]), "shared": shared.get(f"{i},{j}"),
+                                  **({"pipelined": True} if pipe[i, j] else {})}
+             for j in range(cluster.num_devices)] for i in range(cluster.num_devices)]
 
 
 def to_json(cluster: Cluster, path: "str | os.PathLike | None" = None) -> str:
@@ -361,7 +372,7 @@ def _read_links(c: Cluster, links, source: str) -> None:
     if not isinstance(links, list) or len(links) != n or not all(isinstance(r, list) and len(r) == n for r in links):
         raise ClusterError(f"{source}: \"links\" must be a {n}x{n} matrix (one row per device) of "
                            f"{{\"bandwidth_Bps\": float, \"latency_s\": float, \"shared\": str|null}} or null")
-    shared = {}
+    shared, pipelined = {}, []
     for i, row in enumerate(links):
         for j, ln in enumerate(row):
             if ln is None or i == j:
@@ -379,8 +390,22 @@ def _read_links(c: Cluster, links, source: str) -> None:
             c.bandwidth[i, j], c.latency[i, j] = bw, lat
             if ln.get("shared") is not None:
                 shared[f"{i},{j}"] = str(ln["shared"])
+            if ln.get("pipelined"):
+                pipelined.append(f"{i},{j}")
     if shared:
         c.meta["link_shared"] = shared
+    if pipelined:
+        c.meta["link_pipelined"] = pipelined
+
+
+def link_pipelined(cluster: Cluster) -> np.ndarray:
+    """float64[D, D]: 1 where link i→j is pipelined (its latency does not hold the link: many transfers in
+    flight, as gRPC between TF tasks), else 0 (the transfer holds the link for latency + bytes / bandwidth)."""
+    out = np.zeros((cluster.num_devices, cluster.num_devices))
+    for key in cluster.meta.get("link_pipelined", ()):
+        i, j = (int(x) for x in str(key).split(","))
+        out[i, j] = 1.0
+    return out
 
 
 def load_cluster(path: "str | os.PathLike") -> Cluster:

@@ -8,7 +8,9 @@ Semantics (issue 3):
   bottom level first (longest remaining path of assigned op costs, transfers not counted), ties by index.
 - Each tensor crossing devices is ONE transfer per (tensor, destination device), started when its producer
   finishes and queued FIFO on the link i→j; it holds the link for bytes / bandwidth + latency and arrives
-  at its end. Control edges never transfer.
+  at its end; on a *pipelined* link (cluster JSON `"pipelined": true`, e.g. gRPC between TF tasks, which keeps
+  many transfers in flight) it holds the link for bytes / bandwidth only and arrives the latency after that.
+  Control edges never transfer.
 - Memory per device: persistent bytes (variables, optimizer slots) of its ops for the whole step, plus
   activations: a tensor is allocated on its producer's device when the producer finishes (on a receiving
   device when the transfer arrives) and freed when its last consumer on that device finishes (the producer
@@ -41,7 +43,7 @@ from numba import njit
 
 from placer.errors import PlacementError
 from placer.graphs.opgraph import OpGraph, aliases_variable
-from placer.sim.cluster import Cluster
+from placer.sim.cluster import Cluster, link_pipelined
 from placer.sim.evaluator import Evaluator, Outcome
 
 ORDERS = {"ready": 0, "critical": 1}
@@ -129,7 +131,7 @@ def _top_levels(w, t_start, t_cons_ptr, t_cons, c_ptr, c_succ):
 
 
 @njit(cache=True, nogil=True)
-def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
+def _simulate_kernel(dev, cost, bw, lat, hold, conc, capacity, order_mode,
                      t_start, t_op, t_bytes, t_alloc, t_cons_ptr, t_cons, in_ptr, in_tensor, c_ptr, c_succ, indeg,
                      persistent,
                      op_start, op_end, x_tensor, x_src, x_dst, x_start, x_end, busy, peak):
@@ -218,8 +220,11 @@ def _simulate_kernel(dev, cost, bw, lat, conc, capacity, order_mode,
                             s0 = link_free[d, j]
                             if s0 < now:
                                 s0 = now
-                            e0 = s0 + b / bw[d, j] + lat[d, j]
-                            link_free[d, j] = e0
+                            # the link is busy for bytes / bandwidth, plus the latency where the latency holds
+                            # it (hold = 1); arrival is the latency after the bytes (FIFO either way)
+                            e1 = s0 + b / bw[d, j] + lat[d, j] * hold[d, j]
+                            link_free[d, j] = e1
+                            e0 = e1 + lat[d, j] * (1.0 - hold[d, j])
                             x_tensor[nx] = t
                             x_src[nx] = d
                             x_dst[nx] = j
@@ -408,6 +413,7 @@ class Simulator:
         self.arrays = _GraphArrays.of(graph)
         self.bw = np.ascontiguousarray(cluster.bandwidth, np.float64)
         self.lat = np.ascontiguousarray(cluster.latency, np.float64)
+        self.hold = np.ascontiguousarray(1.0 - link_pipelined(cluster), np.float64)
         self.conc = np.asarray([max(1, int(d.concurrency)) for d in cluster.devices], np.int64)
         self.capacity = np.asarray([d.capacity_bytes for d in cluster.devices], np.int64)
         self._allowed = np.isfinite(self.cost)
@@ -457,7 +463,7 @@ class Simulator:
         busy = np.zeros(D)
         peak = np.zeros(D, np.int64)
         step, nx, xbytes = _simulate_kernel(
-            p, self.cost, self.bw, self.lat, self.conc, self.capacity, ORDERS[self.order],
+            p, self.cost, self.bw, self.lat, self.hold, self.conc, self.capacity, ORDERS[self.order],
             a.t_start, a.t_op, a.t_bytes, a.t_alloc, a.t_cons_ptr, a.t_cons, a.in_ptr, a.in_tensor, a.c_ptr, a.c_succ,
             a.indeg, a.persistent,
             op_start, op_end, x_tensor, x_src, x_dst, x_start, x_end, busy, peak)
