@@ -266,3 +266,52 @@ def test_hang_is_cut_and_the_tasks_measure_again(tasks, mlp):
     with TFClusterRunner(mlp, tasks.path, warmup=1, runs=1, timeout=60) as r:
         [ok] = r.evaluate([(mlp.colocation % 2).astype(np.int64)])
         assert ok.ok, ok.reason
+
+
+# ---- measured-reward search on the tasks ---------------------------------------------------------------------------
+def test_measured_search_on_the_tasks(tasks, tmp_path, capsys):
+    """`placer search --devices tasks.json --reward measure`: every evaluation a real run on the two tasks; the
+    summary holds measured times and the re-measured candidates the returned placement was confirmed from."""
+    out = tmp_path / "d"
+    rc = main(["search", "--model", "nmt", "--size", "tiny", "--devices", tasks.path, "--reward", "measure",
+               "--budget", "120", "--max-updates", "1", "--warmup", "1", "--runs", "2", "--out", str(out),
+               "--no-progress", "--json"])
+    assert rc == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s["reward"] == "measure" and s["updates"] == 1
+    assert s["evaluations"] >= 16 + len([v for v in s["baselines"].values()])     # baselines, samples, confirmations
+    assert 0 < s["step_time_s"] < 1.0 and all(c["measured_s"] is None or c["measured_s"] > 0 for c in s["confirmed"])
+    assert s["step_time_s"] == min(c["measured_s"] for c in s["confirmed"] if c["measured_s"] is not None)
+    assert set(s["devices"]) == set(tasks.devices)
+    for f in ("placement.json", "placed.meta", "summary.json", "curve.png"):
+        assert (out / f).exists(), f
+
+
+def test_task_killed_during_a_measured_search_ends_it_clearly(tmp_path):
+    """A task killed mid-search: the search finishes or stops with one line naming the dead task, never hangs."""
+    import subprocess
+    import sys
+
+    for tf_ in _tf_cluster(tmp_path / "k.json"):
+        out = tmp_path / "d"
+        proc = subprocess.Popen([sys.executable, "-m", "placer", "search", "--model", "nmt", "--size", "tiny",
+                                 "--devices", tf_.path, "--reward", "measure", "--budget", "300", "--warmup", "1",
+                                 "--runs", "2", "--out", str(out), "--no-progress"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))   # a user's default
+        try:
+            deadline = time.time() + 240
+            while not (out / "checkpoint" / "state.json").exists():      # the baselines have been measured
+                assert proc.poll() is None and time.time() < deadline, "the search ended or stalled too early"
+                time.sleep(0.5)
+            os.kill(tf_.tasks[1].pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+        if proc.returncode != 0:
+            assert proc.returncode == 2 and len(lines) == 1 and "task 1" in lines[0], stderr[-2000:]
+        else:
+            assert json.loads((out / "summary.json").read_text())["reward"] == "measure"
