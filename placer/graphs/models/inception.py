@@ -35,9 +35,24 @@ def _inception_like(keras, image: int, classes: int, blocks: int, width: int, st
     return keras.Model(inp, out, name=name)
 
 
-def build_inception_v3(size: str, batch_size: int | None) -> OpGraph:
-    """Keras InceptionV3 (weights=None) training step: forward, categorical cross-entropy, gradients, RMSProp."""
+def build_inception_v3(size: str, batch_size: int | None, *, precision: str = "fp32") -> OpGraph:
+    """Keras InceptionV3 (weights=None) training step: forward, categorical cross-entropy, gradients, RMSProp.
+    `precision` fp16 / bf16: Keras mixed policy (fp16 with a LossScaleOptimizer)."""
     import keras
+
+    if precision != "fp32":
+        from placer.graphs.models.transformer import _POLICY
+
+        old = keras.mixed_precision.global_policy().name
+        keras.mixed_precision.set_global_policy(_POLICY[precision])
+        try:
+            return _build_inception(keras, size, batch_size, precision)
+        finally:
+            keras.mixed_precision.set_global_policy(old)
+    return _build_inception(keras, size, batch_size, precision)
+
+
+def _build_inception(keras, size: str, batch_size: int | None, precision: str) -> OpGraph:
 
     p = dict({"tiny": TINY, "small": SMALL, "full": FULL}[size])
     batch = batch_size or p["batch"]
@@ -47,8 +62,10 @@ def build_inception_v3(size: str, batch_size: int | None) -> OpGraph:
                                                classes=p["classes"])
     else:
         model = _inception_like(keras, **{k: v for k, v in p.items() if k != "batch"})
-    model.compile(optimizer=keras.optimizers.RMSprop(learning_rate=0.045, rho=0.9, epsilon=1.0),
-                  loss="categorical_crossentropy")
+    opt = keras.optimizers.RMSprop(learning_rate=0.045, rho=0.9, epsilon=1.0)
+    if precision == "fp16":
+        opt = keras.optimizers.LossScaleOptimizer(opt)
+    model.compile(optimizer=opt, loss="categorical_crossentropy")
     g = convert_keras(model, batch_size=batch, name="inception_v3")
     keras.backend.clear_session()
     return g
