@@ -85,3 +85,11 @@ def test_cli_unknown_precision_is_one_line(capsys):
     rc = main(["inspect", "--model", "gpt", "--size", "tiny", "--precision", "fp8", "--json"])
     err = capsys.readouterr().err.strip()
     assert rc != 0 and "unknown precision 'fp8'" in err and "\n" not in err and "Traceback" not in err
+
+
+def test_inception_takes_the_precision_too():
+    g = build_model("inception_v3", size="tiny", precision="bf16")
+    assert g.precision == "bf16"
+    conv32 = _bytes(build_model("inception_v3", size="tiny"), lambda n, t: t == "Conv2D")
+    conv16 = _bytes(g, lambda n, t: t == "Conv2D")
+    assert sum(conv16.values()) * 2 == sum(conv32.values()) > 0

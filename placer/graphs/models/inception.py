@@ -41,10 +41,8 @@ def build_inception_v3(size: str, batch_size: int | None, *, precision: str = "f
     import keras
 
     if precision != "fp32":
-        from placer.graphs.models.transformer import _POLICY
-
         old = keras.mixed_precision.global_policy().name
-        keras.mixed_precision.set_global_policy(_POLICY[precision])
+        keras.mixed_precision.set_global_policy(f"mixed_{'float16' if precision == 'fp16' else 'bfloat16'}")
         try:
             return _build_inception(keras, size, batch_size, precision)
         finally:
