@@ -42,7 +42,6 @@ def build_inception_v3(size: str, batch_size: int | None, *, precision: str = "f
 
     if precision != "fp32":
         old = keras.mixed_precision.global_policy().name
-        keras.mixed_precision.set_global_policy(f"mixed_{'float16' if precision == 'fp16' else 'bfloat16'}")
         try:
             return _build_inception(keras, size, batch_size, precision)
         finally:
@@ -55,6 +54,8 @@ def _build_inception(keras, size: str, batch_size: int | None, precision: str) -
     p = dict({"tiny": TINY, "small": SMALL, "full": FULL}[size])
     batch = batch_size or p["batch"]
     keras.backend.clear_session()  # stable layer names (and so a stable fingerprint) within one process
+    if precision != "fp32":        # after clear_session, which resets the global policy
+        keras.mixed_precision.set_global_policy(f"mixed_{'float16' if precision == 'fp16' else 'bfloat16'}")
     if size == "full":
         model = keras.applications.InceptionV3(weights=None, input_shape=(p["image"], p["image"], 3),
                                                classes=p["classes"])
