@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="rnnlm,nmt,nmt4,inception_v3")
     p.add_argument("--gpus", default="2,4")
     p.add_argument("--kind", default="K80")
+    p.add_argument("--cluster", help="topology presets instead of --gpus/--kind, comma list (e.g. DGX1,DGX-A100)")
+    p.add_argument("--precision", default="fp32", help="fp32 (default), fp16 or bf16 (Keras models)")
     p.add_argument("--size", choices=["tiny", "small", "full"], default="full")
     p.add_argument("--reward", choices=["sim", "measure"], default="sim")
     p.add_argument("--budget", type=float, default=600.0, help="search seconds per cell")
