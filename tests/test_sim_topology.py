@@ -86,3 +86,29 @@ def test_cli_fp16_on_k80_is_a_one_line_error(capsys):
     rc = main(["simulate", "--model", "gpt", "--size", "tiny", "--precision", "fp16", "--cluster", "2xK80", "--json"])
     err = capsys.readouterr().err.strip()
     assert rc != 0 and "K80" in err and "fp16" in err and "\n" not in err and "Traceback" not in err
+
+
+def _two_flows_cluster(tmp_path, shared: bool):
+    ln = {"bandwidth_Bps": 1e9, "latency_s": 0.0, "shared": "nic" if shared else None}
+    links = [[None, None, dict(ln)], [None, None, dict(ln)], [None, None, None]]
+    f = tmp_path / f"flows{int(shared)}.json"
+    f.write_text(json.dumps({"devices": [{"name": f"/GPU:{i}", "kind": "V100"} for i in range(3)],
+                             "links": links, "shared_links": {"nic": {"bandwidth_Bps": 1e9}} if shared else {}}))
+    return load_cluster(f)
+
+
+def test_a_transfer_over_a_shared_nic_is_slower_when_two_flows_share_it(tmp_path):
+    from placer.sim.simulator import Simulator
+
+    mb = 100 << 20
+    g = OpGraph.build([("a", "X", mb, 0, 0.0), ("b", "X", mb, 0, 0.0), ("c", "AddV2", 0, 0, 0.0)],
+                      [("a", "c"), ("b", "c")])
+    p = np.array([0, 1, 2])
+    alone = Simulator(g, _two_flows_cluster(tmp_path, False)).simulate(p).step_time
+    shared = Simulator(g, _two_flows_cluster(tmp_path, True)).simulate(p).step_time
+    one = mb / 1e9
+    assert one < alone < 1.1 * one                  # two links in parallel: one transfer time
+    assert 2 * one < shared < 2.2 * one             # one NIC: the flows take turns
+    # a single flow through the NIC is as fast as without it
+    single = Simulator(g, _two_flows_cluster(tmp_path, True)).simulate(np.array([0, 2, 2])).step_time
+    assert single < 1.1 * one
