@@ -93,3 +93,20 @@ def test_inception_takes_the_precision_too():
     conv32 = _bytes(build_model("inception_v3", size="tiny"), lambda n, t: t == "Conv2D")
     conv16 = _bytes(g, lambda n, t: t == "Conv2D")
     assert sum(conv16.values()) * 2 == sum(conv32.values()) > 0
+
+
+def test_structure_only_build_is_the_same_graph_without_weights(gpt32):
+    from placer.graphs.models.transformer import build_gpt
+
+    g = build_gpt("tiny", None, materialize=False)   # every variable uninitialised
+    assert g.fingerprint == gpt32.fingerprint and g.num_ops == gpt32.num_ops
+    assert np.array_equal(g.persistent_bytes, gpt32.persistent_bytes)
+    assert np.array_equal(g.out_bytes, gpt32.out_bytes)
+    import keras
+
+    from placer.graphs.models.transformer import structure_only
+
+    with structure_only(1):
+        v = keras.Variable(np.zeros((4, 4), "float32"))
+    assert type(v.value).__name__ == "UninitializedVariable" or "Uninitialized" in type(v._value).__name__
+    assert "Uninitialized" not in type(keras.Variable(np.zeros((4, 4), "float32"))._value).__name__

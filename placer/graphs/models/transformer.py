@@ -19,6 +19,8 @@ so master weights and Adam slots, stay fp32; activations and matmuls in 16 bits)
 """
 from __future__ import annotations
 
+import contextlib
+
 from placer.graphs.opgraph import OpGraph
 
 # Radford et al. 2021 (CLIP), Table 19/20: ViT-B/32 image encoder; text encoder 12 x 512, 8 heads, ctx 77,
@@ -136,6 +138,36 @@ def _layers_api(keras):
     return Block, Embed, Patches, Pool, Contrastive
 
 
+@contextlib.contextmanager
+def structure_only(min_elements: int = 1 << 16):
+    """While active, Keras (TF backend) variables of at least `min_elements` elements are created UNINITIALISED
+    (`UninitializedVariable`: a handle with shape and dtype, no buffer), so a model's training step traces
+    without holding its weights and optimizer slots in memory. The traced graph is the same (same ops, shapes
+    and fingerprint); only the variables' values (min/max, used to initialise them in a measurement) are
+    unknown (0). Each initializer still runs once, one variable at a time (peak: the largest variable).
+    Relies on Keras 3's private `keras.src.backend.tensorflow.core.Variable._initialize`."""
+    import numpy as np
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import core
+    from tensorflow.python.ops import resource_variable_ops as rvo
+
+    orig = core.Variable._initialize
+
+    def _initialize(self, value):
+        shape = getattr(value, "shape", None)
+        shape = self._shape if shape is None else shape
+        if isinstance(value, tf.Variable) or shape is None or int(np.prod(shape)) < min_elements:
+            return orig(self, value)
+        self._value = rvo.UninitializedVariable(shape=shape, dtype=tf.as_dtype(self._dtype),
+                                                trainable=self.trainable, name=self.name)
+
+    core.Variable._initialize = _initialize
+    try:
+        yield
+    finally:
+        core.Variable._initialize = orig
+
+
 def _compile(keras, model, precision: str, loss) -> None:
     opt = keras.optimizers.Adam(learning_rate=1e-4)
     if precision == "fp16":
@@ -160,8 +192,11 @@ def _with_policy(precision: str, build):
         keras.backend.clear_session()
 
 
-def build_gpt(size: str, batch_size: int | None, *, layers: int | None = None, precision: str = "fp32") -> OpGraph:
-    """Decoder-only transformer training step (embedding, L causal blocks, head, sparse cross-entropy, Adam)."""
+def build_gpt(size: str, batch_size: int | None, *, layers: int | None = None, precision: str = "fp32",
+              materialize: bool | None = None) -> OpGraph:
+    """Decoder-only transformer training step (embedding, L causal blocks, head, sparse cross-entropy, Adam).
+    The full size is built `structure_only` (1.28B parameters + 2 Adam slots would hold 15 GB); `materialize`
+    overrides (True: real variables; False: structure only, whatever the size)."""
     from placer.graphs.trace import convert_keras
 
     p = dict(GPT_TINY if size == "tiny" else GPT_FULL)
@@ -182,7 +217,12 @@ def build_gpt(size: str, batch_size: int | None, *, layers: int | None = None, p
         _compile(keras, model, precision, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return convert_keras(model, batch_size=B, name="gpt")
 
-    return _with_policy(precision, build)
+    if materialize is None:
+        materialize = size == "tiny"
+    if materialize:
+        return _with_policy(precision, build)
+    with structure_only(1 if size == "tiny" else 1 << 16):
+        return _with_policy(precision, build)
 
 
 def build_clip(size: str, batch_size: int | None, *, precision: str = "fp32") -> OpGraph:
