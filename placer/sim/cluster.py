@@ -392,8 +392,10 @@ CLUSTER_JSON_DOC = """Cluster JSON file (format 1):
               "mem_bandwidth": 1e12}],                                 # a non-preset kind gives every figure
  "bandwidth": [[...D floats...], ...],   # optional: bytes/s of link i->j (default: the presets' link model)
  "latency":   [[...D floats...], ...],   # optional: seconds per transfer on link i->j
- "links": [[null, {"bandwidth_Bps": 1.2e9, "latency_s": 3e-4, "shared": null}, ...], ...]}
+ "links": [[null, {"bandwidth_Bps": 1.2e9, "latency_s": 3e-4, "shared": null}, ...], ...],
                                          # optional, wins over the two matrices (written by `placer calibrate`)
+ "shared_links": {"node0/nic0": {"bandwidth_Bps": 2.5e10}}}
+                                         # optional: links whose "shared" names one queue on it as well
 Device fields: name (TF short form or full form), kind, memory_bytes, reserve_bytes (0), concurrency (1; the
 host CPU preset: 2), peak_flops (fp32 FLOP/s), mem_bandwidth (bytes/s). Diagonal entries are ignored; a null or
 missing matrix (or link) takes the default link model. A transfer of B bytes on link i->j takes
@@ -497,7 +499,7 @@ def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
 def _read_links(c: Cluster, links, source: str) -> None:
     """Fill `c.bandwidth` / `c.latency` from a D x D "links" matrix of {"bandwidth_Bps", "latency_s", "shared"}
     objects (null entries and the diagonal keep the default link model). A link's "shared" name is kept in
-    `c.meta["link_shared"]` (the simulator charges each link on its own)."""
+    `c.meta["link_shared"]` (the simulator queues transfers on it too: `simulator.shared_link_arrays`)."""
     n = c.num_devices
     if not isinstance(links, list) or len(links) != n or not all(isinstance(r, list) and len(r) == n for r in links):
         raise ClusterError(f"{source}: \"links\" must be a {n}x{n} matrix (one row per device) of "
