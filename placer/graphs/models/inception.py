@@ -37,7 +37,7 @@ def _inception_like(keras, image: int, classes: int, blocks: int, width: int, st
 
 def build_inception_v3(size: str, batch_size: int | None, *, precision: str = "fp32") -> OpGraph:
     """Keras InceptionV3 (weights=None) training step: forward, categorical cross-entropy, gradients, RMSProp.
-    `precision` fp16 / bf16: Keras mixed policy (fp16 with a LossScaleOptimizer)."""
+    `precision` fp16 / bf16: Keras mixed policy (fp16 with static loss scaling)."""
     import keras
 
     if precision != "fp32":
@@ -61,10 +61,10 @@ def _build_inception(keras, size: str, batch_size: int | None, precision: str) -
                                                classes=p["classes"])
     else:
         model = _inception_like(keras, **{k: v for k, v in p.items() if k != "batch"})
-    opt = keras.optimizers.RMSprop(learning_rate=0.045, rho=0.9, epsilon=1.0)
-    if precision == "fp16":
-        opt = keras.optimizers.LossScaleOptimizer(opt)
-    model.compile(optimizer=opt, loss="categorical_crossentropy")
+    # fp16: static loss scaling, as for clip/gpt (see transformer.FP16_LOSS_SCALE: no `If` over every variable)
+    opt = keras.optimizers.RMSprop(learning_rate=0.045, rho=0.9, epsilon=1.0,
+                                   loss_scale_factor=2.0 ** 15 if precision == "fp16" else None)
+    model.compile(optimizer=opt, loss="categorical_crossentropy", auto_scale_loss=False)
     g = convert_keras(model, batch_size=batch, name="inception_v3")
     keras.backend.clear_session()
     return g

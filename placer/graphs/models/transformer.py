@@ -14,8 +14,8 @@ Layer names (the transformer expert rule parses them; op names are ``<model>/<la
     clip:  image_embedding, image_layer_<i>, image_head (LN + projection); text_embedding, text_layer_<i>,
            text_head; contrastive (logit scale, similarity, loss)
 Precision: ``fp16`` / ``bf16`` build under the Keras ``mixed_float16`` / ``mixed_bfloat16`` policy (variables,
-so master weights and Adam slots, stay fp32; activations and matmuls in 16 bits); ``fp16`` wraps Adam in
-``keras.optimizers.LossScaleOptimizer`` (dynamic loss scaling).
+so master weights and Adam slots, stay fp32; activations and matmuls in 16 bits); ``fp16`` scales the loss
+(static, ``FP16_LOSS_SCALE``; see there why not the dynamic ``LossScaleOptimizer``).
 """
 from __future__ import annotations
 
@@ -168,11 +168,30 @@ def structure_only(min_elements: int = 1 << 16):
         core.Variable._initialize = orig
 
 
+# fp16 loss scaling. Keras' dynamic `LossScaleOptimizer` applies the update under `cond(all gradients finite)`:
+# TensorFlow traces that as ONE functional `If` op that reads every variable and gradient, so every variable is
+# co-located with it and the model can no longer be split (full gpt fp16 on DGX1: 20.9 GB on one GPU). We use
+# Keras' static loss scaling instead (`loss_scale_factor`: loss x S before the gradients, gradients / S before the
+# update), as ops in the graph, splittable per variable. S = 2^15, LossScaleOptimizer's initial scale.
+FP16_LOSS_SCALE = 2.0 ** 15
+
+
 def _compile(keras, model, precision: str, loss) -> None:
-    opt = keras.optimizers.Adam(learning_rate=1e-4)
     if precision == "fp16":
-        opt = keras.optimizers.LossScaleOptimizer(opt)
-    model.compile(optimizer=opt, loss=loss)
+        import tensorflow as tf
+
+        class ScaledAdam(keras.optimizers.Adam):
+            """Adam with a static loss scale; embedding gradients (IndexedSlices, which Keras cannot divide by
+            the scale) are made dense first."""
+
+            def apply(self, grads, trainable_variables=None):
+                grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+                return super().apply(grads, trainable_variables)
+
+        opt = ScaledAdam(learning_rate=1e-4, loss_scale_factor=FP16_LOSS_SCALE)
+    else:
+        opt = keras.optimizers.Adam(learning_rate=1e-4)
+    model.compile(optimizer=opt, loss=loss, auto_scale_loss=False)
 
 
 def _with_policy(precision: str, build):
