@@ -181,14 +181,19 @@ def _compile(keras, model, precision: str, loss) -> None:
         import tensorflow as tf
 
         class ScaledAdam(keras.optimizers.Adam):
-            """Adam with a static loss scale; embedding gradients (IndexedSlices, which Keras cannot divide by
-            the scale) are made dense first."""
+            """Adam with a static loss scale: loss x S, gradients / S (embedding gradients stay IndexedSlices;
+            densifying them, or Keras' own `loss_scale_factor`, traces an IdentityN over every gradient)."""
+
+            def scale_loss(self, loss):
+                return loss * FP16_LOSS_SCALE
 
             def apply(self, grads, trainable_variables=None):
-                grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+                grads = [None if g is None else
+                         tf.IndexedSlices(g.values / FP16_LOSS_SCALE, g.indices, g.dense_shape)
+                         if isinstance(g, tf.IndexedSlices) else g / FP16_LOSS_SCALE for g in grads]
                 return super().apply(grads, trainable_variables)
 
-        opt = ScaledAdam(learning_rate=1e-4, loss_scale_factor=FP16_LOSS_SCALE)
+        opt = ScaledAdam(learning_rate=1e-4)
     else:
         opt = keras.optimizers.Adam(learning_rate=1e-4)
     model.compile(optimizer=opt, loss=loss, auto_scale_loss=False)
