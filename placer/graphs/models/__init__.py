@@ -62,7 +62,7 @@ from placer.errors import GraphImportError
 from placer.graphs.cache import cached
 from placer.graphs.opgraph import OpGraph
 
-MODELS_VERSION = 7  # bump when a builder changes (invalidates cached builds)
+MODELS_VERSION = 8  # bump when a builder changes (invalidates cached builds)
 MODELS: tuple[str, ...] = ("inception_v3", "nmt", "nmt4", "rnnlm", "clip", "gpt")
 SIZES = ("tiny", "small", "full")
 PRECISIONS = ("fp32", "fp16", "bf16")

@@ -1,6 +1,7 @@
 """Inception-V3 training step from Keras 3 (`keras.applications.InceptionV3`), and smaller look-alikes."""
 from __future__ import annotations
 
+from placer.graphs.models.transformer import loss_scaled
 from placer.graphs.opgraph import OpGraph
 from placer.graphs.trace import convert_keras
 
@@ -61,9 +62,9 @@ def _build_inception(keras, size: str, batch_size: int | None, precision: str) -
                                                classes=p["classes"])
     else:
         model = _inception_like(keras, **{k: v for k, v in p.items() if k != "batch"})
-    # fp16: static loss scaling, as for clip/gpt (see transformer.FP16_LOSS_SCALE: no `If` over every variable)
-    opt = keras.optimizers.RMSprop(learning_rate=0.045, rho=0.9, epsilon=1.0,
-                                   loss_scale_factor=2.0 ** 15 if precision == "fp16" else None)
+    # fp16: static loss scaling, as for clip/gpt (see transformer.FP16_LOSS_SCALE: no op joins every gradient)
+    cls = loss_scaled(keras, keras.optimizers.RMSprop) if precision == "fp16" else keras.optimizers.RMSprop
+    opt = cls(learning_rate=0.045, rho=0.9, epsilon=1.0)
     model.compile(optimizer=opt, loss="categorical_crossentropy", auto_scale_loss=False)
     g = convert_keras(model, batch_size=batch, name="inception_v3")
     keras.backend.clear_session()

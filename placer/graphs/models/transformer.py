@@ -176,26 +176,29 @@ def structure_only(min_elements: int = 1 << 16):
 FP16_LOSS_SCALE = 2.0 ** 15
 
 
+def loss_scaled(keras, optimizer_cls):
+    """`optimizer_cls` with a static fp16 loss scale: loss x FP16_LOSS_SCALE, gradients / FP16_LOSS_SCALE before
+    the update (embedding gradients stay IndexedSlices). Keras' own `loss_scale_factor` (and densifying the
+    IndexedSlices) traces an IdentityN over every gradient, which would join the whole model in one op."""
+    import tensorflow as tf
+
+    class Scaled(optimizer_cls):
+        def scale_loss(self, loss):
+            return loss * FP16_LOSS_SCALE
+
+        def apply(self, grads, trainable_variables=None):
+            grads = [None if g is None else
+                     tf.IndexedSlices(g.values / FP16_LOSS_SCALE, g.indices, g.dense_shape)
+                     if isinstance(g, tf.IndexedSlices) else g / FP16_LOSS_SCALE for g in grads]
+            return super().apply(grads, trainable_variables)
+
+    Scaled.__name__ = f"Scaled{optimizer_cls.__name__}"
+    return Scaled
+
+
 def _compile(keras, model, precision: str, loss) -> None:
-    if precision == "fp16":
-        import tensorflow as tf
-
-        class ScaledAdam(keras.optimizers.Adam):
-            """Adam with a static loss scale: loss x S, gradients / S (embedding gradients stay IndexedSlices;
-            densifying them, or Keras' own `loss_scale_factor`, traces an IdentityN over every gradient)."""
-
-            def scale_loss(self, loss):
-                return loss * FP16_LOSS_SCALE
-
-            def apply(self, grads, trainable_variables=None):
-                grads = [None if g is None else
-                         tf.IndexedSlices(g.values / FP16_LOSS_SCALE, g.indices, g.dense_shape)
-                         if isinstance(g, tf.IndexedSlices) else g / FP16_LOSS_SCALE for g in grads]
-                return super().apply(grads, trainable_variables)
-
-        opt = ScaledAdam(learning_rate=1e-4)
-    else:
-        opt = keras.optimizers.Adam(learning_rate=1e-4)
+    cls = loss_scaled(keras, keras.optimizers.Adam) if precision == "fp16" else keras.optimizers.Adam
+    opt = cls(learning_rate=1e-4)
     model.compile(optimizer=opt, loss=loss, auto_scale_loss=False)
 
 
