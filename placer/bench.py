@@ -49,9 +49,23 @@ class CellSettings:
     reward: str
     budget: float
     seed: int
+    cluster: str | None = None     # a topology preset (DGX1, DGX-A100, HGX-H100, NxDGX-A100) instead of gpus x kind
+    precision: str = "fp32"
 
     def key(self) -> dict:
-        return {"size": self.size, "reward": self.reward, "budget": float(self.budget), "seed": int(self.seed)}
+        k = {"size": self.size, "reward": self.reward, "budget": float(self.budget), "seed": int(self.seed)}
+        if self.cluster or self.precision != "fp32":
+            k.update(cluster=self.cluster, precision=self.precision)
+        return k
+
+    @property
+    def spec(self) -> str:
+        return self.cluster or f"{self.gpus}x{self.kind}"
+
+    @property
+    def label(self) -> str:
+        """Cell directory / display name: model_4xK80, gpt_DGX1_fp16."""
+        return f"{self.model}_{self.spec}" + ("" if self.precision == "fp32" else f"_{self.precision}")
 
 
 def _num(x) -> float | None:
@@ -84,17 +98,23 @@ def best_baseline(baselines: dict, names=SPEEDUP_BASELINES) -> tuple[str | None,
     return k, v
 
 
+def cell_label(c: dict) -> str:
+    """The directory name of a results.json cell (CellSettings.label)."""
+    prec = c.get("precision", "fp32")
+    return f"{c['model']}_{c.get('cluster') or str(c['gpus']) + 'x' + c['kind']}" + ("" if prec == "fp32" else f"_{prec}")
+
+
 def run_cell(s: CellSettings, out_dir: Path, *, progress: bool = False) -> dict:
     """One cell of the table (see the module docstring)."""
     from placer.graphs.models import build_model
     from placer.problem import build_problem
     from placer.search import search
 
-    graph = build_model(s.model, s.size)
-    problem = build_problem(graph, f"{s.gpus}x{s.kind}", seed=s.seed)
+    graph = build_model(s.model, s.size, precision=s.precision)
+    problem = build_problem(graph, s.spec, seed=s.seed)
     try:
         times, errors = evaluate_baselines(problem)
-        cell_dir = out_dir / f"{s.model}_{s.gpus}x{s.kind}"
+        cell_dir = out_dir / s.label
         cell_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         res, search_error = None, None
@@ -102,7 +122,7 @@ def run_cell(s: CellSettings, out_dir: Path, *, progress: bool = False) -> dict:
             res = search(problem, budget_seconds=s.budget, seed=s.seed, out_dir=str(cell_dir), progress=progress,
                          model_name=s.model)
         except PlacerError as e:  # the cell still records the baselines; the table says the search failed
-            log.warning("bench: search failed for %s on %dx%s: %s", s.model, s.gpus, s.kind, e)
+            log.warning("bench: search failed for %s on %s: %s", s.label, s.spec, e)
             search_error = str(e)
         search_wall = time.perf_counter() - t0
     finally:
@@ -126,6 +146,8 @@ def cell_record(s: CellSettings, problem, times: dict, errors: dict, res, search
     (cell_dir / "history.json").write_text(json.dumps(history, default=float))
     return {
         "model": s.model, "gpus": int(s.gpus), "kind": s.kind,
+        **({"cluster": s.cluster or f"{s.gpus}x{s.kind}", "precision": s.precision}
+           if (s.cluster or s.precision != "fp32") else {}),
         "baselines": {k: _num(v) for k, v in times.items()},
         "rl_s": _num(rl_s), "search_best_s": _num(res.search_best) if res is not None else None,
         "lower_bound_s": float(problem.lower_bound),
@@ -182,11 +204,12 @@ def write_report(results: list[dict], out: Path, command: str = "") -> None:
            ["Policy best", "vs best baseline", "vs Expert", "Lower bound", "RL / LB", "Search (s)"])
     rows.append("| " + " | ".join(hdr) + " |")
     rows.append("|" + "|".join(["---"] + ["---:"] * (len(hdr) - 1)) + "|")
-    for c in sorted(results, key=lambda c: (c["model"], c["gpus"])):
+    for c in sorted(results, key=lambda c: (c["model"], c["gpus"], c.get("cluster") or "", c.get("precision") or "")):
         b = c.get("baselines", {})
         bname, bval = best_baseline(b)
         rl, pol, lb = c.get("rl_s"), c.get("search_best_s"), c.get("lower_bound_s")
-        cells = [c["model"], _fmt(b.get("single_cpu")) if "single_cpu" in b else "–",
+        name = c["model"] + (f" ({c['cluster']}, {c.get('precision', 'fp32')})" if c.get("cluster") else "")
+        cells = [name, _fmt(b.get("single_cpu")) if "single_cpu" in b else "–",
                  _fmt(b.get("single_gpu")) if "single_gpu" in b else "–", str(c["gpus"])]
         cells += [_fmt(b[k]) if k in b else "n/a" for k, _ in GPU_COLUMNS]
         cells += [_fmt(rl), _pct(bval, rl)]
@@ -263,8 +286,8 @@ def plot_figures(results: list[dict], out: Path) -> list[Path]:
         plt.close(fig)
         files.append(f)
     curves = []
-    for c in sorted(results, key=lambda c: (c["model"], c["gpus"])):
-        hp = out / f"{c['model']}_{c['gpus']}x{c['kind']}" / "history.json"
+    for c in sorted(results, key=lambda c: (c["model"], c["gpus"], c.get("cluster") or "", c.get("precision") or "")):
+        hp = out / cell_label(c) / "history.json"
         try:
             hist = json.loads(hp.read_text())
         except (OSError, json.JSONDecodeError):

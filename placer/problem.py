@@ -221,7 +221,7 @@ def cluster_without(cluster: Cluster, exclude: Sequence[str]) -> tuple[Cluster, 
         raise ClusterError(f"excluding {', '.join(exclude)} leaves no accelerator of cluster {cluster.name!r} "
                            f"({', '.join(cluster.device_names)})")
     ix = np.ix_(keep, keep)
-    meta = {k: v for k, v in cluster.meta.items() if k not in ("link_shared", "link_pipelined")}
+    meta = {k: v for k, v in cluster.meta.items() if k not in ("link_shared", "link_pipelined", "links")}
 
     def kept(key: str) -> str | None:     # "i,j" of the old cluster → of the survivors (None: a link lost)
         i, j = (int(x) for x in key.split(","))

@@ -13,6 +13,13 @@ Rules (N = number of GPUs):
   the softmax / output projection and the loss go to the last GPU. Recognised from name scopes
   (`encoder/…/layer_<i>/`, `decoder/…/layer_<i>/`, `…/layer_<i>/` for RNNLM, `…embedding…`, `…attention…`,
   `softmax`, `loss`; see `placer.graphs.models`).
+- **Transformers** (`gpt`, `clip`; GPipe, Huang et al. 2019, and Megatron-LM pipelines' even split): the L
+  layers in N equal contiguous stages, one per GPU, layer i on GPU ⌊i·N/L⌋; the embedding on the first stage,
+  the head (final LayerNorm, projection / vocabulary head) and the loss on the last. CLIP splits each tower
+  (`image_layer_<i>`, `text_layer_<i>`) so over the N GPUs, the two embeddings on the first, the two heads and
+  the contrastive loss on the last. Recognised from the layer names of `placer.graphs.models.transformer` in
+  any op name (forward `clip_1/image_layer_3_1/...`, gradients `gradient_tape/...`, variables
+  `image_layer_3/kernel`, optimizer slots `adam/image_layer_3_kernel_momentum`).
 - **Inception-V3** (and any graph named `inception*`): the experts of both papers used one GPU: every op on
   the first GPU.
 - **Other graphs**: contiguous layers by name scope, balanced by compute: forward ops are grouped into
@@ -120,6 +127,51 @@ def _layered(p: Problem, fwd: list[str]) -> np.ndarray:
     return dev
 
 
+TRANSFORMER_MODELS = ("gpt", "clip")
+_T_LAYER = re.compile(r"(?:^|[/_])((?:image|text)_)?layer_(\d+)(?:[/_]|$)")
+_T_FIRST = re.compile(r"(?:^|[/_])(?:image_|text_)?embedding(?:[/_]|$)")
+_T_LAST = re.compile(r"(?:^|[/_])(?:(?:image_|text_)?head|contrastive|compile_loss|loss)(?:[/_]|$)")
+
+
+def transformer_role(name: str) -> tuple[str, int] | None:
+    """("image" | "text" | "", layer), ("first", 0), ("last", 0) or None for an op name of a transformer model.
+
+    >>> transformer_role("gradient_tape/clip_1/image_layer_3_1/qkv_1/MatMul"), transformer_role("layer_2/kernel")
+    (('image', 3), ('', 2))
+    >>> transformer_role("adam/text_embedding_position_momentum"), transformer_role("gpt_1/head_1/BiasAdd")
+    (('first', 0), ('last', 0))
+    """
+    m = _T_LAYER.search(name)
+    if m:
+        return ((m.group(1) or "").rstrip("_"), int(m.group(2)))
+    if _T_FIRST.search(name):
+        return ("first", 0)
+    if _T_LAST.search(name):
+        return ("last", 0)
+    return None
+
+
+def _transformer(p: Problem) -> np.ndarray:
+    gpus = np.asarray(p.gpus)
+    N = len(gpus)
+    roles = [transformer_role(nm) for nm in p.graph.names]
+    L: dict[str, int] = {}
+    for r in roles:
+        if r and r[0] not in ("first", "last"):
+            L[r[0]] = max(L.get(r[0], 0), r[1] + 1)
+    dev = np.full(p.n, -1, np.int64)
+    for i, r in enumerate(roles):
+        if r is None:
+            continue
+        if r[0] == "first":
+            dev[i] = gpus[0]
+        elif r[0] == "last":
+            dev[i] = gpus[-1]
+        else:
+            dev[i] = gpus[min(N - 1, (r[1] * N) // L[r[0]])]
+    return dev
+
+
 def _generic(p: Problem, fwd: list[str]) -> np.ndarray:
     gpus = np.asarray(p.gpus)
     N = len(gpus)
@@ -179,8 +231,11 @@ def expert(graph: OpGraph, cluster: Cluster, costs=None) -> np.ndarray:
     gpus = np.asarray(p.gpus)
     fixed = group_fixed_device(p)
     fwd = [forward_name(nm) for nm in graph.names]
-    if graph.name.lower().startswith("inception"):
+    base = graph.name.lower()
+    if base.startswith("inception"):
         dev = np.full(p.n, gpus[0], np.int64)
+    elif any(base == m or base.startswith(m + "_") or base.startswith(m + "-") for m in TRANSFORMER_MODELS):
+        dev = _transformer(p)
     elif _is_layered(graph, fwd):
         dev = _layered(p, fwd)
     else:

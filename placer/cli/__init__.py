@@ -33,9 +33,12 @@ COMMANDS = {
 def _graph_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("graph", nargs="?", metavar="GRAPH",
                    help="graph file: .pb, .pbtxt, .meta, SavedModel dir, .keras (or use --model)")
-    p.add_argument("--model", help="built-in model: inception_v3, nmt, nmt4, rnnlm")
+    p.add_argument("--model", help="built-in model: inception_v3, nmt, nmt4, rnnlm, clip, gpt")
     p.add_argument("--size", choices=["tiny", "small", "full"], default="full", help="built-in model size (default full)")
     p.add_argument("--batch-size", type=int, help="fixes an unknown batch dimension")
+    p.add_argument("--precision", default="fp32",
+                   help="built-in model precision: fp32 (default), fp16 (mixed, loss scaling), bf16 (mixed)")
+    p.add_argument("--layers", type=int, help="--model gpt: number of transformer layers (default 24)")
     p.add_argument("--fetch", action="append", default=[],
                    help="fetch/train-op name for a GraphDef without a train_op collection (repeatable)")
 
@@ -55,7 +58,10 @@ def load_from_args(args):
     if model:
         from placer.graphs.models import build_model
 
-        return build_model(model, size=getattr(args, "size", None) or "full", batch_size=bs)
+        return build_model(model, size=getattr(args, "size", None) or "full", batch_size=bs,
+                           layers=getattr(args, "layers", None), precision=getattr(args, "precision", None) or "fp32")
+    if (getattr(args, "precision", None) or "fp32") != "fp32" or getattr(args, "layers", None):
+        raise GraphImportError("--precision and --layers apply to built-in models (--model NAME), not to a graph file")
     return load(path, fetches=getattr(args, "fetch", None) or None, batch_size=bs)
 
 
@@ -150,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="rnnlm,nmt,nmt4,inception_v3")
     p.add_argument("--gpus", default="2,4")
     p.add_argument("--kind", default="K80")
+    p.add_argument("--cluster", help="topology presets instead of --gpus/--kind, comma list (e.g. DGX1,DGX-A100)")
+    p.add_argument("--precision", default="fp32", help="fp32 (default), fp16 or bf16 (Keras models)")
     p.add_argument("--size", choices=["tiny", "small", "full"], default="full")
     p.add_argument("--reward", choices=["sim", "measure"], default="sim")
     p.add_argument("--budget", type=float, default=600.0, help="search seconds per cell")

@@ -26,13 +26,26 @@ def run_bench(args) -> int:
         raise SearchError(f"--budget must be positive seconds per cell, got {args.budget}")
     from placer.sim.cluster import parse_cluster
 
+    from placer.graphs.models import PRECISIONS
+
+    precision = getattr(args, "precision", None) or "fp32"
+    if precision not in PRECISIONS:
+        raise SearchError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     kind = parse_cluster(f"1x{args.kind}").meta.get("gpu_kind", args.kind)  # validates the kind early
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     results = load_results(path)
-    cells = [CellSettings(m, n, kind, args.size, args.reward, float(args.budget), int(args.seed))
-             for m in models for n in gpus]
+    if getattr(args, "cluster", None):      # topology presets (DGX1, DGX-A100, ...): one cell per model x cluster
+        cells = []
+        for spec in (x.strip() for x in str(args.cluster).split(",") if x.strip()):
+            c = parse_cluster(spec)
+            cells += [CellSettings(m, len(c.gpu_indices), c.meta.get("gpu_kind", c.devices[0].kind), args.size,
+                                   args.reward, float(args.budget), int(args.seed), cluster=c.name,
+                                   precision=precision) for m in models]
+    else:
+        cells = [CellSettings(m, n, kind, args.size, args.reward, float(args.budget), int(args.seed),
+                              precision=precision) for m in models for n in gpus]
     bar = None
     if not getattr(args, "no_progress", False):
         from tqdm import tqdm
@@ -41,12 +54,13 @@ def run_bench(args) -> int:
     try:
         for s in cells:
             idx = next((i for i, c in enumerate(results) if c.get("model") == s.model and c.get("gpus") == s.gpus
-                        and c.get("kind") == s.kind), None)
+                        and c.get("kind") == s.kind and c.get("cluster") == (s.cluster or c.get("cluster"))
+                        and c.get("precision", "fp32") == s.precision), None)
             if idx is not None and results[idx].get("settings") == s.key():
-                log.info("bench: %s on %dx%s already in %s, skipped", s.model, s.gpus, s.kind, path)
+                log.info("bench: %s already in %s, skipped", s.label, path)
             else:
                 if bar is not None:
-                    bar.set_postfix_str(f"{s.model} {s.gpus}x{s.kind}")
+                    bar.set_postfix_str(s.label)
                 cell = run_cell(s, out, progress=False)
                 if idx is None:
                     results.append(cell)
@@ -65,5 +79,8 @@ def run_bench(args) -> int:
 
 
 def _command(args) -> str:
-    return (f"placer bench --models {args.models} --gpus {args.gpus} --kind {args.kind} --size {args.size} "
-            f"--reward {args.reward} --budget {args.budget:g} --seed {args.seed} --out {args.out}")
+    where = (f"--cluster {args.cluster}" if getattr(args, "cluster", None) else f"--gpus {args.gpus} --kind {args.kind}")
+    prec = getattr(args, "precision", None) or "fp32"
+    return (f"placer bench --models {args.models} {where} --size {args.size} "
+            + ("" if prec == "fp32" else f"--precision {prec} ")
+            + f"--reward {args.reward} --budget {args.budget:g} --seed {args.seed} --out {args.out}")

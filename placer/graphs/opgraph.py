@@ -80,6 +80,7 @@ class OpGraph:
     name: str = "graph"
     fetches: tuple[str, ...] = ()
     meta_graph: bytes | None = field(default=None, repr=False)  # serialized runnable MetaGraphDef
+    precision: str = "fp32"   # compute precision of a built-in model (fp32 | fp16 | bf16; Keras mixed policy)
 
     # ---- basic facts -------------------------------------------------------------------
     @property
@@ -260,7 +261,7 @@ class OpGraph:
         and a JSON header (uint8: names, types, fetches, fingerprint, name). No pickles."""
         header = {"format": self.SAVE_FORMAT, "names": list(self.names), "types": list(self.types),
                   "fetches": list(self.fetches), "fingerprint": self.fingerprint, "name": self.name,
-                  "has_meta_graph": self.meta_graph is not None}
+                  "has_meta_graph": self.meta_graph is not None, "precision": self.precision}
         np.savez(
             path,
             header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
@@ -280,7 +281,8 @@ class OpGraph:
                 arrays = {k: z[k] for k in OpGraph._ARRAYS}
                 meta = z["meta_graph"].tobytes() if h["has_meta_graph"] else None
             g = OpGraph(names=tuple(h["names"]), types=tuple(h["types"]), fetches=tuple(h["fetches"]),
-                        fingerprint=str(h["fingerprint"]), name=str(h["name"]), meta_graph=meta, **arrays)
+                        fingerprint=str(h["fingerprint"]), name=str(h["name"]), meta_graph=meta,
+                        precision=str(h.get("precision", "fp32")), **arrays)
             g._check_shapes()
             return g
         except Exception as e:  # noqa: BLE001 - any unreadable cache file is one clear error

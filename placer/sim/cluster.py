@@ -28,6 +28,25 @@ class Device:
     concurrency: int = 1      # ops it runs at once (1 on a GPU stream; >1 on a CPU)
     peak_flops: float = 1e12  # FLOP/s (fp32) for the roofline fallback
     mem_bandwidth: float = 1e11  # bytes/s of device memory for the roofline fallback
+    peak_flops_fp16: float = 0.0  # FLOP/s of fp16 matmul/conv (tensor cores); 0 = no datasheet figure
+    peak_flops_bf16: float = 0.0  # FLOP/s of bf16 matmul/conv (tensor cores); 0 = no datasheet figure
+
+    def peak_for(self, precision: str) -> float:
+        """Peak FLOP/s of matmuls/convolutions in `precision` (fp32 | fp16 | bf16); ClusterError naming the kind
+        when the datasheet gives no figure for it. The host CPU runs 16-bit math at its fp32 rate (no tensor
+        cores; AVX2 converts), so a CPU always has a figure."""
+        if precision == "fp32":
+            return self.peak_flops
+        if precision not in ("fp16", "bf16"):
+            raise ClusterError(f"unknown precision {precision!r}; valid: fp32, fp16, bf16")
+        if self.is_cpu:
+            return self.peak_flops
+        v = self.peak_flops_fp16 if precision == "fp16" else self.peak_flops_bf16
+        if not v > 0:
+            raise ClusterError(f"--precision {precision}: device kind {self.kind} ({self.name}) has no {precision} "
+                               f"peak figure (no {precision} tensor cores on its datasheet); use --precision fp32 "
+                               f"or a kind that has one")
+        return v
 
     @property
     def is_cpu(self) -> bool:
@@ -114,32 +133,48 @@ LINKS: dict[str, dict[str, float]] = {
 # (rendezvous + cudaMemcpyAsync launch), measured order 10-20 us on PCIe systems.
 
 PRESETS: dict[str, dict] = {
+    # K80: no fp16 / bf16 figure (Kepler has no fp16 arithmetic rate on its datasheet, no tensor cores):
+    # --precision fp16|bf16 on a K80 is a one-line error (Device.peak_for), not a silent fp32 rate.
     # NVIDIA Tesla K80 datasheet (2014): 2 x GK210, 24 GB GDDR5 = 12 GB per GPU, 480 GB/s = 240 GB/s per GPU,
     # 8.73 TFLOPS fp32 with GPU Boost = 4.37 TFLOPS per GPU (13 SMX x 192 cores x 2 x 875 MHz), PCIe Gen3 x16.
     "K80": dict(memory_bytes=12 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=4.37e12,
                 mem_bandwidth=240e9, link="pcie3", host_link="pcie3", sms=13, arch="3.7", model="Tesla K80"),
     # NVIDIA Tesla P100 PCIe datasheet (2016): 16 GB CoWoS HBM2, 732 GB/s, 9.3 TFLOPS fp32, PCIe Gen3 x16.
+    # Same datasheet: "Half-Precision Performance 18.7 TeraFLOPS" (fp16 on the FP32 cores, packed; no tensor cores,
+    # no bf16).
     "P100": dict(memory_bytes=16 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=9.3e12,
+                 peak_flops_fp16=18.7e12,
                  mem_bandwidth=732e9, link="pcie3", host_link="pcie3", sms=56, arch="6.0", model="Tesla P100"),
     # NVIDIA Tesla V100 SXM2 datasheet (2017): 16 GB HBM2, 900 GB/s, 15.7 TFLOPS fp32, NVLink 300 GB/s,
     # host over PCIe Gen3 x16.
+    # Same datasheet: "Tensor Performance 125 TFLOPS" (fp16 inputs, fp32 accumulate, SXM2); Volta has no bf16.
     "V100": dict(memory_bytes=16 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=15.7e12,
+                 peak_flops_fp16=125e12,
                  mem_bandwidth=900e9, link="nvlink2", host_link="pcie3", sms=80, arch="7.0", model="Tesla V100"),
     # NVIDIA A100 Tensor Core GPU datasheet (2020, SXM4 40GB): 40 GB HBM2, 1,555 GB/s, 19.5 TFLOPS fp32,
     # NVLink 600 GB/s, PCIe Gen4 64 GB/s.
+    # Same datasheet, Tensor Core (dense, without the 2x sparsity figures): BFLOAT16 312 TFLOPS, FP16 312 TFLOPS,
+    # TF32 156 TFLOPS (`peak_flops_tf32`: recorded, not used: placer charges fp32 ops at the FP32 figure).
     "A100": dict(memory_bytes=40 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=19.5e12,
+                 peak_flops_fp16=312e12, peak_flops_bf16=312e12, peak_flops_tf32=156e12,
                  mem_bandwidth=1555e9, link="nvlink3", host_link="pcie4", sms=108, arch="8.0", model="A100"),
     # Same datasheet, A100 80GB SXM4: 80 GB HBM2e, 2,039 GB/s, 19.5 TFLOPS fp32, NVLink 600 GB/s, PCIe Gen4.
     "A100-80G": dict(memory_bytes=80 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=19.5e12,
+                     peak_flops_fp16=312e12, peak_flops_bf16=312e12, peak_flops_tf32=156e12,
                      mem_bandwidth=2039e9, link="nvlink3", host_link="pcie4", sms=108, arch="8.0",
                      model="A100 80GB"),
     # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM5): 80 GB HBM3, 3.35 TB/s, 67 TFLOPS fp32,
     # NVLink 900 GB/s, PCIe Gen5 128 GB/s.
+    # Same datasheet, H100 SXM Tensor Core: FP16 1,979 / BF16 1,979 / TF32 989 TFLOPS "with sparsity"; the dense
+    # figures are half: 989.5 fp16/bf16, 494.7 TF32.
     "H100": dict(memory_bytes=80 * GiB, reserve_bytes=1 * GiB, concurrency=1, peak_flops=67e12,
+                 peak_flops_fp16=989.5e12, peak_flops_bf16=989.5e12, peak_flops_tf32=494.7e12,
                  mem_bandwidth=3.35e12, link="nvlink4", host_link="pcie5", sms=132, arch="9.0", model="H100"),
     # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): 141 GB HBM3e, 4.8 TB/s, 67 TFLOPS fp32,
     # NVLink 900 GB/s, PCIe Gen5 128 GB/s.
+    # H200 SXM Tensor Core: FP16 / BF16 1,979 TFLOPS with sparsity = 989.5 dense (same GH100 die as H100).
     "H200": dict(memory_bytes=141 * 10**9, reserve_bytes=1 * GiB, concurrency=1, peak_flops=67e12,
+                 peak_flops_fp16=989.5e12, peak_flops_bf16=989.5e12, peak_flops_tf32=494.7e12,
                  mem_bandwidth=4.8e12, link="nvlink4", host_link="pcie5", sms=132, arch="9.0", model="H200"),
     # The host CPU: Intel Xeon E5-2686 v4 (the host of AWS p2 K80 instances; Intel ARK): 18 cores, 2.3 GHz,
     # AVX2 2 x FMA x 8 fp32 = 32 FLOP/cycle/core -> 18 x 2.3e9 x 32 = 1.32 TFLOPS; 4 x DDR4-2400 = 76.8 GB/s.
@@ -154,7 +189,8 @@ _DEVICE_FIELDS = ("memory_bytes", "reserve_bytes", "concurrency", "peak_flops", 
 
 
 def valid_kinds_text() -> str:
-    return ", ".join(GPU_KINDS) + " (as NxKIND, e.g. 4xK80), cpu, or a cluster JSON file"
+    return (", ".join(GPU_KINDS) + " (as NxKIND, e.g. 4xK80), DGX1, DGX-A100, HGX-H100, NxDGX-A100, cpu, "
+            "or a cluster JSON file")
 
 
 def preset_kind(kind: str) -> str:
@@ -171,9 +207,12 @@ def make_device(name: str, kind: str, **overrides) -> Device:
     p = PRESETS[k]
     fields = {f: p[f] for f in _DEVICE_FIELDS}
     fields.update({f: v for f, v in overrides.items() if v is not None})
+    for f in ("peak_flops_fp16", "peak_flops_bf16"):
+        fields[f] = overrides.get(f) if overrides.get(f) is not None else p.get(f, 0.0)
     return Device(name=name, kind=k, memory_bytes=int(fields["memory_bytes"]),
                   reserve_bytes=int(fields["reserve_bytes"]), concurrency=int(fields["concurrency"]),
-                  peak_flops=float(fields["peak_flops"]), mem_bandwidth=float(fields["mem_bandwidth"]))
+                  peak_flops=float(fields["peak_flops"]), mem_bandwidth=float(fields["mem_bandwidth"]),
+                  peak_flops_fp16=float(fields["peak_flops_fp16"]), peak_flops_bf16=float(fields["peak_flops_bf16"]))
 
 
 def _link_of(kind: str, which: str) -> dict[str, float]:
@@ -214,6 +253,94 @@ def make_cluster(devices: Sequence[Device], name: str = "cluster", **meta) -> Cl
     return Cluster(devices=tuple(devices), bandwidth=bw, latency=lat, name=name, meta=dict(meta))
 
 
+# ---- nodes with real topologies (per-pair link matrix; shared links) --------------------------------------------
+# DGX-1 with Tesla V100 (NVIDIA, "NVIDIA DGX-1 With Tesla V100 System Architecture" whitepaper, WP-08437-002, 2017,
+# Figure 4 "hybrid cube-mesh"): each V100 has 6 NVLink 2 links; GPUs 0-3 and 4-7 form two fully connected quads
+# and GPU i is joined to GPU i+4; the pairs below carry 2 links (50 GB/s per direction), the other NVLink pairs
+# 1 link (25 GB/s); as `nvidia-smi topo -m` prints on a DGX-1V (NV1 / NV2). The remaining 12 pairs have no NVLink:
+# they go GPU -> PCIe switch -> CPU socket (-> QPI -> other socket) -> PCIe switch -> GPU, charged as one PCIe 3
+# x16 hop (15.75 GB/s) with a host-staging latency; each PCIe switch (one per GPU pair 0-1, 2-3, 4-5, 6-7) is
+# shared by its two GPUs' traffic to the host and to non-NVLink peers.
+DGX1_NVLINKS = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2, (2, 6): 1,
+                (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2}
+SYS_LATENCY = 25e-6   # PCIe peer path through the host (not a datasheet figure; order of a staged cudaMemcpy)
+# InfiniBand HDR (NVIDIA ConnectX-6 datasheet: 200 Gb/s per port = 25 GB/s per direction); DGX A100 user guide:
+# 8 single-port ConnectX-6 for the compute fabric, one per GPU; ~2 us switch + HCA latency, plus TF's Send/Recv.
+IB_HDR = {"bandwidth": 25e9, "latency": 12e-6}
+TOPOLOGIES = ("DGX1", "DGX-A100", "HGX-H100", "NxDGX-A100")
+_NODE_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(DGX-A100)\s*$", re.I)
+
+
+def _link(bw: float, lat: float, shared: str | None = None) -> dict:
+    return {"bandwidth_Bps": float(bw), "latency_s": float(lat), "shared": shared}
+
+
+def topology_cluster(spec: str) -> Cluster | None:
+    """The cluster of a topology preset (`DGX1`, `DGX-A100`, `HGX-H100`, `NxDGX-A100`), or None when `spec` is
+    none of them. GPUs /GPU:0..8N-1 then the host /CPU:0; per-pair links in `cluster.meta["links"]` (as the
+    cluster JSON's "links") with the shared ones named in `meta["link_shared"]` / `meta["shared_links"]`.
+
+    >>> c = topology_cluster("DGX1")
+    >>> c.num_devices, c.bandwidth[0, 3] / 1e9, c.bandwidth[0, 5] / 1e9
+    (9, 50.0, 15.75)
+    """
+    s = str(spec).strip()
+    m = _NODE_RE.match(s)
+    up = s.upper()
+    if m:
+        nodes, name = int(m.group(1)), f"{int(m.group(1))}xDGX-A100"
+        if not 1 <= nodes <= 128:
+            raise ClusterError(f"cluster spec {s!r}: the node count must be 1..128")
+    elif up in ("DGX1", "DGX-1", "DGX1V"):
+        nodes, name = 1, "DGX1"
+    elif up in ("DGX-A100", "DGXA100"):
+        nodes, name = 1, "DGX-A100"
+    elif up in ("HGX-H100", "HGXH100"):
+        nodes, name = 1, "HGX-H100"
+    else:
+        return None
+    kind = {"DGX1": "V100", "HGX-H100": "H100"}.get(name, "A100")
+    n = 8 * nodes
+    devs = [make_device(f"/GPU:{i}", kind) for i in range(n)] + [make_device("/CPU:0", "cpu")]
+    pcie = LINKS[PRESETS[kind]["host_link"]]
+    shared_links: dict[str, dict] = {}
+    links: list[list] = [[None] * (n + 1) for _ in range(n + 1)]
+
+    def switch(i: int) -> str:         # the PCIe switch of GPU i (two GPUs per switch on all three boards)
+        nm = f"node{i // 8}/pcie_switch{(i % 8) // 2}"
+        shared_links[nm] = {"bandwidth_Bps": pcie["bandwidth"]}
+        return nm
+
+    for i in range(n):
+        for j in range(n):
+            if i == j:
+                continue
+            if i // 8 != j // 8:        # across nodes: the sender's own HDR NIC
+                nic = f"node{i // 8}/nic{i % 8}"
+                shared_links[nic] = {"bandwidth_Bps": IB_HDR["bandwidth"]}
+                links[i][j] = _link(IB_HDR["bandwidth"], IB_HDR["latency"], nic)
+            elif name == "DGX1":
+                k = DGX1_NVLINKS.get((min(i, j), max(i, j)), 0)
+                links[i][j] = (_link(k * LINKS["nvlink2"]["bandwidth"], LINKS["nvlink2"]["latency"]) if k
+                               else _link(pcie["bandwidth"], SYS_LATENCY, switch(i)))
+            else:                       # NVSwitch: every pair at the full per-GPU NVLink bandwidth
+                ln = LINKS[PRESETS[kind]["link"]]
+                links[i][j] = _link(ln["bandwidth"], ln["latency"])
+        # GPU <-> host CPU over the GPU's PCIe switch (node 0's host; other nodes reach it through their NIC)
+        if i < 8:
+            links[i][n] = _link(pcie["bandwidth"], pcie["latency"], switch(i))
+            links[n][i] = _link(pcie["bandwidth"], pcie["latency"], switch(i))
+        else:
+            nic = f"node{i // 8}/nic{i % 8}"
+            links[i][n] = _link(IB_HDR["bandwidth"], IB_HDR["latency"], nic)
+            links[n][i] = _link(IB_HDR["bandwidth"], IB_HDR["latency"], nic)
+    c = make_cluster(devs, name=name, spec=name, gpu_kind=kind, topology=name)
+    _read_links(c, links, name)
+    c.meta["links"] = links
+    c.meta["shared_links"] = shared_links
+    return c
+
+
 _SPEC_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9_\-]+)\s*$")
 
 
@@ -234,6 +361,9 @@ def parse_cluster(spec: "str | os.PathLike | Cluster") -> Cluster:
         return load_cluster(s)
     if s.lower() == "cpu":
         return make_cluster([make_device("/CPU:0", "cpu")], name="cpu", spec="cpu")
+    topo = topology_cluster(s)
+    if topo is not None:
+        return topo
     m = _SPEC_RE.match(s)
     n, kind = (int(m.group(1)), m.group(2)) if m else (1, s)
     try:
@@ -262,8 +392,10 @@ CLUSTER_JSON_DOC = """Cluster JSON file (format 1):
               "mem_bandwidth": 1e12}],                                 # a non-preset kind gives every figure
  "bandwidth": [[...D floats...], ...],   # optional: bytes/s of link i->j (default: the presets' link model)
  "latency":   [[...D floats...], ...],   # optional: seconds per transfer on link i->j
- "links": [[null, {"bandwidth_Bps": 1.2e9, "latency_s": 3e-4, "shared": null, "pipelined": true}, ...], ...]}
+ "links": [[null, {"bandwidth_Bps": 1.2e9, "latency_s": 3e-4, "shared": null, "pipelined": true}, ...], ...],
                                          # optional, wins over the two matrices (written by `placer calibrate`)
+ "shared_links": {"node0/nic0": {"bandwidth_Bps": 2.5e10}}}
+                                         # optional: links whose "shared" names one queue on it as well
 Device fields: name (TF short form or full form), kind, memory_bytes, reserve_bytes (0), concurrency (1; the
 host CPU preset: 2), peak_flops (fp32 FLOP/s), mem_bandwidth (bytes/s). Diagonal entries are ignored; a null or
 missing matrix (or link) takes the default link model. A transfer of B bytes on link i->j takes
@@ -279,11 +411,14 @@ def cluster_to_dict(cluster: Cluster) -> dict:
         "name": cluster.name,
         "devices": [dict(name=d.name, kind=d.kind, memory_bytes=int(d.memory_bytes),
                          reserve_bytes=int(d.reserve_bytes), concurrency=int(d.concurrency),
-                         peak_flops=float(d.peak_flops), mem_bandwidth=float(d.mem_bandwidth))
+                         peak_flops=float(d.peak_flops), mem_bandwidth=float(d.mem_bandwidth),
+                         peak_flops_fp16=float(d.peak_flops_fp16), peak_flops_bf16=float(d.peak_flops_bf16))
                     for d in cluster.devices],
         "bandwidth": [[num(x) for x in row] for row in np.asarray(cluster.bandwidth, float)],
         "latency": [[float(x) for x in row] for row in np.asarray(cluster.latency, float)],
-        **({"links": _links_of(cluster)} if {"link_shared", "link_pipelined"} & set(cluster.meta) else {}),
+        **({"links": _links_of(cluster)} if {"link_shared", "link_pipelined"} & set(cluster.meta) else
+           {"links": cluster.meta["links"]} if cluster.meta.get("links") is not None else {}),
+        **({"shared_links": cluster.meta["shared_links"]} if cluster.meta.get("shared_links") is not None else {}),
     }
 
 
@@ -319,7 +454,7 @@ def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
             raise ClusterError(f"{source}: device #{k} needs at least a \"name\"")
         name = str(d["name"])
         kind = str(d.get("kind") or ("cpu" if "CPU" in name.upper().rsplit("/", 1)[-1] else ""))
-        extra = {f: d.get(f) for f in _DEVICE_FIELDS}
+        extra = {f: d.get(f) for f in _DEVICE_FIELDS + ("peak_flops_fp16", "peak_flops_bf16")}
         try:
             dev = make_device(name, kind, **extra)
         except ClusterError:
@@ -331,7 +466,9 @@ def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
                 dev = Device(name=name, kind=kind or "custom", memory_bytes=int(float(d["memory_bytes"])),
                              reserve_bytes=int(float(d.get("reserve_bytes") or 0)),
                              concurrency=int(d.get("concurrency") or 1), peak_flops=float(d["peak_flops"]),
-                             mem_bandwidth=float(d["mem_bandwidth"]))
+                             mem_bandwidth=float(d["mem_bandwidth"]),
+                             peak_flops_fp16=float(d.get("peak_flops_fp16") or 0.0),
+                             peak_flops_bf16=float(d.get("peak_flops_bf16") or 0.0))
             except (TypeError, ValueError) as e:
                 raise ClusterError(f"{source}: device {name!r}: bad figure ({e})") from None
         if dev.concurrency < 1 or dev.capacity_bytes <= 0 or dev.peak_flops <= 0 or dev.mem_bandwidth <= 0:
@@ -359,15 +496,21 @@ def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
         getattr(c, key)[...] = arr
     if obj.get("links") is not None:        # per-pair link objects win over the plain matrices
         _read_links(c, obj["links"], source)
+        c.meta["links"] = obj["links"]
     if obj.get("shared_links") is not None:
-        c.meta["shared_links"] = obj["shared_links"]
+        sl = obj["shared_links"]
+        if not isinstance(sl, dict) or not all(isinstance(v, dict) and isinstance(v.get("bandwidth_Bps"), (int, float))
+                                               and v["bandwidth_Bps"] > 0 for v in sl.values()):
+            raise ClusterError(f"{source}: \"shared_links\" must map names to {{\"bandwidth_Bps\": float > 0}}")
+        c.meta["shared_links"] = sl
+    # a "shared" name that "shared_links" does not define is a shared link as fast as the links that name it
     return c
 
 
 def _read_links(c: Cluster, links, source: str) -> None:
     """Fill `c.bandwidth` / `c.latency` from a D x D "links" matrix of {"bandwidth_Bps", "latency_s", "shared"}
     objects (null entries and the diagonal keep the default link model). A link's "shared" name is kept in
-    `c.meta["link_shared"]` (the simulator charges each link on its own)."""
+    `c.meta["link_shared"]` (the simulator queues transfers on it too: `simulator.shared_link_arrays`)."""
     n = c.num_devices
     if not isinstance(links, list) or len(links) != n or not all(isinstance(r, list) and len(r) == n for r in links):
         raise ClusterError(f"{source}: \"links\" must be a {n}x{n} matrix (one row per device) of "

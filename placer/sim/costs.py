@@ -302,6 +302,27 @@ def _grappler_seconds(graph: OpGraph, device: Device) -> tuple[np.ndarray, np.nd
     return secs, ~np.isnan(secs)
 
 
+# op types that run on tensor cores in 16-bit precision (the rest keep their fp32-rate / bandwidth estimate)
+TENSOR_CORE_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D",
+                             "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D", "DepthwiseConv2dNative",
+                             "_FusedMatMul", "_FusedConv2D"})
+
+
+def apply_precision(graph: OpGraph, device: Device, col: np.ndarray) -> np.ndarray:
+    """Per-op seconds for `graph.precision` on `device`: matmuls and convolutions (TENSOR_CORE_OPS) of a 16-bit
+    graph at the device's tensor-core peak for that dtype (roofline on their dtype-sized bytes); other ops keep
+    `col`. ClusterError (one line) when the device kind has no figure for the precision (e.g. K80 and fp16)."""
+    prec = getattr(graph, "precision", "fp32") or "fp32"
+    peak = device.peak_for(prec)
+    if prec == "fp32":
+        return col
+    tc = np.fromiter((t in TENSOR_CORE_OPS for t in graph.types), bool, graph.num_ops)
+    touched = input_bytes(graph) + np.asarray(graph.out_bytes, np.float64)
+    fast = np.maximum(np.asarray(graph.flops, np.float64) / peak, touched / device.mem_bandwidth) \
+        + LAUNCH_OVERHEAD["cpu" if device.is_cpu else "gpu"]
+    return np.where(tc, fast, col)
+
+
 def _figures_key(device: Device) -> str:
     return hashlib.sha256(repr((device.kind, device.peak_flops, device.mem_bandwidth, device.is_cpu,
                                 sorted(LAUNCH_OVERHEAD.items()))).encode()).hexdigest()[:10]
@@ -320,8 +341,12 @@ def analytical_costs(graph: OpGraph, cluster: Cluster, *, cache: bool = True, us
     tfv = _tf_version() if has_mg else "none"
     secs: dict[str, np.ndarray] = {}
     covered_frac: dict[str, float] = {}
+    prec = getattr(graph, "precision", "fp32") or "fp32"
+    for dev in _kind_devices(cluster).values():
+        dev.peak_for(prec)   # one-line error before any work when a kind has no figure for the precision
     for kind, dev in _kind_devices(cluster).items():
-        path = cache_dir() / f"{graph.fingerprint}-{kind}-{_figures_key(dev)}-{'g' if has_mg else 'r'}-tf{tfv}.npy"
+        path = cache_dir() / (f"{graph.fingerprint}-{kind}-{_figures_key(dev)}-{'g' if has_mg else 'r'}-tf{tfv}"
+                              f"{'' if prec == 'fp32' else f'-{prec}{dev.peak_for(prec):.4g}'}.npy")
         col = None
         if cache and path.is_file():
             try:
@@ -342,6 +367,7 @@ def analytical_costs(graph: OpGraph, cluster: Cluster, *, cache: bool = True, us
                 covered = float(ok.mean()) if graph.num_ops else 1.0
             else:
                 col, covered = roof, 0.0
+            col = apply_precision(graph, dev, col)
             if cache:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)

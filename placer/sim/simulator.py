@@ -10,7 +10,10 @@ Semantics (issue 3):
   finishes and queued FIFO on the link i→j; it holds the link for bytes / bandwidth + latency and arrives
   at its end; on a *pipelined* link (cluster JSON `"pipelined": true`, e.g. gRPC between TF tasks, which keeps
   many transfers in flight) it holds the link for bytes / bandwidth only and arrives the latency after that.
-  Control edges never transfer.
+  Control edges never transfer. A link that crosses a SHARED link (cluster JSON "links"[i][j]
+  "shared": a node's NIC, a PCIe switch; "shared_links" gives its bandwidth) also queues FIFO on it: the
+  transfer starts when both are free, runs at the slower of the two rates, and holds the shared link for
+  bytes / its bandwidth, so two flows through one NIC take turns.
 - Memory per device: persistent bytes (variables, optimizer slots) of its ops for the whole step, plus
   activations: a tensor is allocated on its producer's device when the producer finishes (on a receiving
   device when the transfer arrives) and freed when its last consumer on that device finishes (the producer
@@ -131,7 +134,7 @@ def _top_levels(w, t_start, t_cons_ptr, t_cons, c_ptr, c_succ):
 
 
 @njit(cache=True, nogil=True)
-def _simulate_kernel(dev, cost, bw, lat, hold, conc, capacity, order_mode,
+def _simulate_kernel(dev, cost, bw, lat, hold, sh, sh_bw, conc, capacity, order_mode,
                      t_start, t_op, t_bytes, t_alloc, t_cons_ptr, t_cons, in_ptr, in_tensor, c_ptr, c_succ, indeg,
                      persistent,
                      op_start, op_end, x_tensor, x_src, x_dst, x_start, x_end, busy, peak):
@@ -159,6 +162,7 @@ def _simulate_kernel(dev, cost, bw, lat, hold, conc, capacity, order_mode,
         peak[d] = mem[d]
         busy[d] = 0.0
     link_free = np.zeros((D, D))
+    sh_free = np.zeros(sh_bw.shape[0])   # shared links (a NIC, a PCIe switch): busy until, FIFO over their links
     running = np.zeros(D, np.int64)
     # rows 0..D-1: ready queues; row D: events (finish of op i: id i >= 0; arrival of transfer k: id -1-k).
     # At most sum(conc) ops run at once and each link has at most one arrival queued (its FIFO head).
@@ -220,9 +224,17 @@ def _simulate_kernel(dev, cost, bw, lat, hold, conc, capacity, order_mode,
                             s0 = link_free[d, j]
                             if s0 < now:
                                 s0 = now
-                            # the link is busy for bytes / bandwidth, plus the latency where the latency holds
-                            # it (hold = 1); arrival is the latency after the bytes (FIFO either way)
-                            e1 = s0 + b / bw[d, j] + lat[d, j] * hold[d, j]
+                            sk = sh[d, j]
+                            rate = bw[d, j]
+                            if sk >= 0:     # queue on the shared link too; it carries the bytes at its own rate
+                                if sh_free[sk] > s0:
+                                    s0 = sh_free[sk]
+                                if sh_bw[sk] < rate:
+                                    rate = sh_bw[sk]
+                                sh_free[sk] = s0 + b / sh_bw[sk]
+                            # the link is busy for the bytes, plus the latency where the latency holds it
+                            # (hold = 1); arrival is the latency after the bytes (FIFO either way)
+                            e1 = s0 + b / rate + lat[d, j] * hold[d, j]
                             link_free[d, j] = e1
                             e0 = e1 + lat[d, j] * (1.0 - hold[d, j])
                             x_tensor[nx] = t
@@ -367,6 +379,27 @@ class _GraphArrays:
                             t_cons, in_ptr, in_tensor, c_ptr, c_succ, indeg, np.asarray(g.persistent_bytes, np.int64))
 
 
+def shared_link_arrays(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """(D x D int64 index of the shared link each link i->j crosses, -1 for none; bytes/s of each shared link)
+    from the cluster's per-link "shared" names (`meta["link_shared"]`) and "shared_links". A name that
+    "shared_links" does not define gets the bandwidth of the fastest link naming it."""
+    D = cluster.num_devices
+    sh = np.full((D, D), -1, np.int64)
+    names: dict[str, int] = {}
+    bws: list[float] = []
+    defined = cluster.meta.get("shared_links") or {}
+    for key, nm in sorted((cluster.meta.get("link_shared") or {}).items()):
+        i, j = (int(x) for x in key.split(","))
+        if nm not in names:
+            names[nm] = len(bws)
+            bws.append(float(defined[nm]["bandwidth_Bps"]) if nm in defined else 0.0)
+        k = names[nm]
+        sh[i, j] = k
+        if nm not in defined:
+            bws[k] = max(bws[k], float(cluster.bandwidth[i, j]))
+    return sh, np.asarray(bws, np.float64).reshape(-1)
+
+
 def _cost_matrix(graph: OpGraph, cluster: Cluster, costs) -> tuple[np.ndarray, str]:
     if costs is None:
         from placer.sim.costs import load_or_analytical
@@ -414,6 +447,7 @@ class Simulator:
         self.bw = np.ascontiguousarray(cluster.bandwidth, np.float64)
         self.lat = np.ascontiguousarray(cluster.latency, np.float64)
         self.hold = np.ascontiguousarray(1.0 - link_pipelined(cluster), np.float64)
+        self.sh, self.sh_bw = shared_link_arrays(cluster)
         self.conc = np.asarray([max(1, int(d.concurrency)) for d in cluster.devices], np.int64)
         self.capacity = np.asarray([d.capacity_bytes for d in cluster.devices], np.int64)
         self._allowed = np.isfinite(self.cost)
@@ -463,7 +497,7 @@ class Simulator:
         busy = np.zeros(D)
         peak = np.zeros(D, np.int64)
         step, nx, xbytes = _simulate_kernel(
-            p, self.cost, self.bw, self.lat, self.hold, self.conc, self.capacity, ORDERS[self.order],
+            p, self.cost, self.bw, self.lat, self.hold, self.sh, self.sh_bw, self.conc, self.capacity, ORDERS[self.order],
             a.t_start, a.t_op, a.t_bytes, a.t_alloc, a.t_cons_ptr, a.t_cons, a.in_ptr, a.in_tensor, a.c_ptr, a.c_succ,
             a.indeg, a.persistent,
             op_start, op_end, x_tensor, x_src, x_dst, x_start, x_end, busy, peak)

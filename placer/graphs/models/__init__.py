@@ -21,6 +21,12 @@ Models (sizes and their sources: benchmarks/README.md)
 ``small`` sits between: its training step takes roughly 0.1-0.5 s on ONE CPU core (intra/inter-op threads 1),
 so a real 2-task TF cluster (a core per task) can time it, and it has a few thousand ops at most.
 
+* ``clip`` / ``gpt``: Keras transformers (issue 14), see :mod:`placer.graphs.models.transformer`;
+  ``layers`` scales gpt's depth (``--layers L``).
+
+``precision`` (``fp32`` default, ``fp16``, ``bf16``): Keras mixed-precision policy for the Keras models
+(inception_v3, clip, gpt), loss scaling for fp16; the TF1 LSTM models are fp32 only (a one-line error).
+
 Op naming convention of the LSTM models (the expert baseline parses it)
 ------------------------------------------------------------------------
 Every op name starts with its LAYER, one of:
@@ -56,16 +62,26 @@ from placer.errors import GraphImportError
 from placer.graphs.cache import cached
 from placer.graphs.opgraph import OpGraph
 
-MODELS_VERSION = 4  # bump when a builder changes (invalidates cached builds)
-MODELS: tuple[str, ...] = ("inception_v3", "nmt", "nmt4", "rnnlm")
+MODELS_VERSION = 8  # bump when a builder changes (invalidates cached builds)
+MODELS: tuple[str, ...] = ("inception_v3", "nmt", "nmt4", "rnnlm", "clip", "gpt")
 SIZES = ("tiny", "small", "full")
+PRECISIONS = ("fp32", "fp16", "bf16")
+KERAS_MODELS = ("inception_v3", "clip", "gpt")   # the ones --precision fp16/bf16 applies to (Keras policies)
 
 
-def _builder(name: str) -> Callable[[str, int | None], OpGraph]:
+def _builder(name: str, layers: int | None = None, precision: str = "fp32") -> Callable[[str, int | None], OpGraph]:
     if name == "inception_v3":
         from placer.graphs.models.inception import build_inception_v3
 
-        return build_inception_v3
+        return lambda size, batch: build_inception_v3(size, batch, precision=precision)
+    if name == "gpt":
+        from placer.graphs.models.transformer import build_gpt
+
+        return lambda size, batch: build_gpt(size, batch, layers=layers, precision=precision)
+    if name == "clip":
+        from placer.graphs.models.transformer import build_clip
+
+        return lambda size, batch: build_clip(size, batch, precision=precision)
     if name in ("nmt", "nmt4"):
         from placer.graphs.models.seq2seq import build_nmt
 
@@ -78,7 +94,8 @@ def _builder(name: str) -> Callable[[str, int | None], OpGraph]:
     raise GraphImportError(f"unknown model {name!r}; valid models: {', '.join(MODELS)}")
 
 
-def build_model(name: str, size: str = "full", batch_size: int | None = None, *, cache: bool = True) -> OpGraph:
+def build_model(name: str, size: str = "full", batch_size: int | None = None, *, cache: bool = True,
+                layers: int | None = None, precision: str = "fp32") -> OpGraph:
     """Build (or load from the cache) the training-step OpGraph of a built-in model.
 
     >>> g = build_model("rnnlm", size="tiny")        # doctest: +SKIP
@@ -91,9 +108,27 @@ def build_model(name: str, size: str = "full", batch_size: int | None = None, *,
         raise GraphImportError(f"unknown size {size!r} for model {name!r}; valid sizes: {', '.join(SIZES)}")
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
         raise GraphImportError(f"batch size must be a positive integer, got {batch_size!r}")
-    build = _builder(name)
-    key = ("model", name, size, batch_size, MODELS_VERSION)
-    return cached(key, lambda: build(size, batch_size), cache)
+    if precision not in PRECISIONS:
+        raise GraphImportError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    if precision != "fp32" and name not in KERAS_MODELS:
+        raise GraphImportError(f"--precision {precision} is not available for model {name!r} (a TF1 graph); "
+                               f"mixed precision applies to {', '.join(KERAS_MODELS)}")
+    if layers is not None:
+        if name != "gpt":
+            raise GraphImportError(f"--layers applies to model 'gpt' only, not {name!r}")
+        if not isinstance(layers, int) or layers <= 0:
+            raise GraphImportError(f"--layers must be a positive integer, got {layers!r}")
+    if size == "small" and name in ("clip", "gpt"):
+        raise GraphImportError(f"model {name!r} has sizes tiny and full (no 'small')")
+    build = _builder(name, layers, precision)
+    key = ("model", name, size, batch_size, MODELS_VERSION) + ((layers, precision) if (layers or precision != "fp32")
+                                                               else ())
+    return cached(key, lambda: _tagged(build(size, batch_size), precision), cache)
 
 
-__all__ = ["MODELS", "SIZES", "build_model"]
+def _tagged(g: OpGraph, precision: str) -> OpGraph:
+    object.__setattr__(g, "precision", precision)
+    return g
+
+
+__all__ = ["MODELS", "PRECISIONS", "SIZES", "build_model"]

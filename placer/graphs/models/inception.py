@@ -1,6 +1,7 @@
 """Inception-V3 training step from Keras 3 (`keras.applications.InceptionV3`), and smaller look-alikes."""
 from __future__ import annotations
 
+from placer.graphs.models.transformer import loss_scaled
 from placer.graphs.opgraph import OpGraph
 from placer.graphs.trace import convert_keras
 
@@ -35,20 +36,36 @@ def _inception_like(keras, image: int, classes: int, blocks: int, width: int, st
     return keras.Model(inp, out, name=name)
 
 
-def build_inception_v3(size: str, batch_size: int | None) -> OpGraph:
-    """Keras InceptionV3 (weights=None) training step: forward, categorical cross-entropy, gradients, RMSProp."""
+def build_inception_v3(size: str, batch_size: int | None, *, precision: str = "fp32") -> OpGraph:
+    """Keras InceptionV3 (weights=None) training step: forward, categorical cross-entropy, gradients, RMSProp.
+    `precision` fp16 / bf16: Keras mixed policy (fp16 with static loss scaling)."""
     import keras
+
+    if precision != "fp32":
+        old = keras.mixed_precision.global_policy().name
+        try:
+            return _build_inception(keras, size, batch_size, precision)
+        finally:
+            keras.mixed_precision.set_global_policy(old)
+    return _build_inception(keras, size, batch_size, precision)
+
+
+def _build_inception(keras, size: str, batch_size: int | None, precision: str) -> OpGraph:
 
     p = dict({"tiny": TINY, "small": SMALL, "full": FULL}[size])
     batch = batch_size or p["batch"]
     keras.backend.clear_session()  # stable layer names (and so a stable fingerprint) within one process
+    if precision != "fp32":        # after clear_session, which resets the global policy
+        keras.mixed_precision.set_global_policy(f"mixed_{'float16' if precision == 'fp16' else 'bfloat16'}")
     if size == "full":
         model = keras.applications.InceptionV3(weights=None, input_shape=(p["image"], p["image"], 3),
                                                classes=p["classes"])
     else:
         model = _inception_like(keras, **{k: v for k, v in p.items() if k != "batch"})
-    model.compile(optimizer=keras.optimizers.RMSprop(learning_rate=0.045, rho=0.9, epsilon=1.0),
-                  loss="categorical_crossentropy")
+    # fp16: static loss scaling, as for clip/gpt (see transformer.FP16_LOSS_SCALE: no op joins every gradient)
+    cls = loss_scaled(keras, keras.optimizers.RMSprop) if precision == "fp16" else keras.optimizers.RMSprop
+    opt = cls(learning_rate=0.045, rho=0.9, epsilon=1.0)
+    model.compile(optimizer=opt, loss="categorical_crossentropy", auto_scale_loss=False)
     g = convert_keras(model, batch_size=batch, name="inception_v3")
     keras.backend.clear_session()
     return g

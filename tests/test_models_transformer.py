@@ -1,0 +1,114 @@
+"""Built-in transformer models (issue 14): clip and gpt at tiny size, mixed precision, bad input."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from placer.cli import main
+from placer.errors import GraphImportError
+from placer.graphs.models import build_model
+from placer.graphs.models.transformer import GPT_FULL, gpt_params
+
+
+@pytest.fixture(scope="module")
+def gpt32():
+    return build_model("gpt", size="tiny")
+
+
+@pytest.fixture(scope="module")
+def gpt16():
+    return build_model("gpt", size="tiny", precision="fp16")
+
+
+def _bytes(g, pred):
+    return {n: int(g.out_bytes[i]) for i, n in enumerate(g.names) if pred(n, g.types[i])}
+
+
+def test_gpt_tiny_builds_a_layered_training_step(gpt32):
+    assert gpt32.name == "gpt" and gpt32.precision == "fp32" and gpt32.num_ops > 500
+    for layer in ("embedding", "layer_0", "layer_1", "head"):
+        assert any(n.startswith(f"gpt_1/{layer}") for n in gpt32.names), layer
+    assert any(n.startswith("gradient_tape/") for n in gpt32.names)
+    assert any(n.lower().startswith("adam/") for n in gpt32.names)
+
+
+def test_gpt_layers_scales_depth():
+    g = build_model("gpt", size="tiny", layers=3)
+    assert any("layer_2" in n for n in g.names) and not any("layer_3" in n for n in g.names)
+
+
+def test_clip_tiny_has_two_towers_and_a_contrastive_loss():
+    g = build_model("clip", size="tiny")
+    for scope in ("image_embedding", "image_layer_1", "image_head", "text_embedding", "text_layer_1",
+                  "text_head", "contrastive"):
+        assert any(f"/{scope}" in n for n in g.names), scope
+    # the B x B similarity matrix of the tiny batch (4) in fp32
+    sim = _bytes(g, lambda n, t: n.startswith("clip_1/contrastive") and t in ("MatMul", "BatchMatMulV2"))
+    assert 4 * 4 * 4 in sim.values()
+
+
+def test_fp16_halves_activation_bytes_and_keeps_fp32_master_weights(gpt32, gpt16):
+    assert gpt16.precision == "fp16"
+    fwd = lambda n, t: n.startswith("gpt_1/layer_0_1/") and t == "MatMul"   # noqa: E731
+    a, b = _bytes(gpt32, fwd), _bytes(gpt16, fwd)
+    assert a and a.keys() == b.keys()
+    for n in a:
+        assert b[n] * 2 == a[n], n
+    w32 = {n: int(gpt32.persistent_bytes[i]) for i, n in enumerate(gpt32.names) if n.startswith("layer_0/")}
+    w16 = {n: int(gpt16.persistent_bytes[i]) for i, n in enumerate(gpt16.names) if n.startswith("layer_0/")}
+    assert w32 and w32 == w16                    # fp32 master weights: same bytes
+    # loss scaling for fp16: gradients divided by the scale before the update, as ops (no `If` over every
+    # variable, which would co-locate the whole model with it)
+    assert any(n.startswith("scaled_adam/truediv") for n in gpt16.names)
+    assert not any(n.startswith("scaled_adam/") for n in gpt32.names)
+    assert not {"If", "StatelessIf", "IdentityN"} & set(gpt16.types)   # nothing joins every gradient
+
+
+def test_bf16_builds_with_16_bit_activations(gpt32):
+    g = build_model("gpt", size="tiny", precision="bf16")
+    fwd = lambda n, t: n.startswith("gpt_1/layer_0_1/") and t == "MatMul"   # noqa: E731
+    assert sum(_bytes(g, fwd).values()) * 2 == sum(_bytes(gpt32, fwd).values())
+
+
+def test_full_gpt_is_about_1_3b_parameters():
+    assert 1.2e9 < gpt_params(**GPT_FULL) < 1.4e9
+
+
+def test_unknown_precision_and_misused_flags_are_errors():
+    with pytest.raises(GraphImportError, match="unknown precision 'fp8'"):
+        build_model("gpt", size="tiny", precision="fp8")
+    with pytest.raises(GraphImportError, match="not available for model 'nmt'"):
+        build_model("nmt", size="tiny", precision="fp16")
+    with pytest.raises(GraphImportError, match="--layers applies to model 'gpt' only"):
+        build_model("clip", size="tiny", layers=2)
+
+
+def test_cli_unknown_precision_is_one_line(capsys):
+    rc = main(["inspect", "--model", "gpt", "--size", "tiny", "--precision", "fp8", "--json"])
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and "unknown precision 'fp8'" in err and "\n" not in err and "Traceback" not in err
+
+
+def test_inception_takes_the_precision_too():
+    g = build_model("inception_v3", size="tiny", precision="bf16")
+    assert g.precision == "bf16"
+    conv32 = _bytes(build_model("inception_v3", size="tiny"), lambda n, t: t == "Conv2D")
+    conv16 = _bytes(g, lambda n, t: t == "Conv2D")
+    assert sum(conv16.values()) * 2 == sum(conv32.values()) > 0
+
+
+def test_structure_only_build_is_the_same_graph_without_weights(gpt32):
+    from placer.graphs.models.transformer import build_gpt
+
+    g = build_gpt("tiny", None, materialize=False)   # every variable uninitialised
+    assert g.fingerprint == gpt32.fingerprint and g.num_ops == gpt32.num_ops
+    assert np.array_equal(g.persistent_bytes, gpt32.persistent_bytes)
+    assert np.array_equal(g.out_bytes, gpt32.out_bytes)
+    import keras
+
+    from placer.graphs.models.transformer import structure_only
+
+    with structure_only(1):
+        v = keras.Variable(np.zeros((4, 4), "float32"))
+    assert type(v.value).__name__ == "UninitializedVariable" or "Uninitialized" in type(v._value).__name__
+    assert "Uninitialized" not in type(keras.Variable(np.zeros((4, 4), "float32"))._value).__name__
