@@ -265,6 +265,21 @@ class LocalRunner(Evaluator):
             self._ensure_child()
         return self
 
+    def check_devices(self) -> "LocalRunner":
+        """Start TensorFlow now and refuse (MeasurementError, one line: the missing devices and the fix) when it
+        does not have every device of `devices`, before any measurement."""
+        from placer.runtime.remote import missing_devices_message
+
+        with self._lock:
+            child = self._ensure_child()
+            bad = missing_devices_message(self._where(), self.devices, child.devices)
+        if bad:
+            raise MeasurementError(bad)
+        return self
+
+    def _where(self) -> str:
+        return "this machine's TensorFlow"
+
     def close(self) -> None:
         with self._lock:
             if self._child is not None:

@@ -10,11 +10,14 @@ Each worker gets the graph once (`LoadGraph`, cached there by fingerprint; re-se
 (batch / workers) measurements. A worker that dies, times out, refuses or errors is marked dead and the
 placement it held goes back to the queue for another worker. Dead workers are health-checked again (every `health_interval` s, at the start of a batch) and
 rejoin when they answer. The pool goes on while at least one worker lives; when none does, `evaluate` raises
-MeasurementError naming every worker and why it is out. Per-placement failures (OOM, a device the worker does
-not have, a TF error) are failed Outcomes from the worker, not worker failures.
+MeasurementError naming every worker and why it is out. Per-placement failures (OOM, a TF error, a timeout of
+the measurement on the worker) are failed Outcomes from the worker, with the worker's reason, not worker failures;
+a worker that lacks a device of `devices` is out (with the missing devices and the fix as its reason).
 
 `devices` are the device names placement indices refer to, as each worker's TensorFlow spells them
-(`/GPU:0`, `/CPU:0`); every worker must have them (a worker that lacks one reports a failed Outcome).
+(`/GPU:0`, `/CPU:0`); every worker must have them: `check_devices()` (called by `make_evaluator` and `cluster()`)
+refuses a worker that lacks one before any work (DeviceMismatch: the worker, the missing devices, the fix), and a
+worker that rejoins after a restart is re-checked (devices and graph fingerprint) before it measures again.
 `pool.cluster()` builds the cluster of those devices from what the workers report (a ClusterError names a worker
 that lacks one), never from this machine's TensorFlow: the client needs no GPU to search over the workers' GPUs.
 """
@@ -29,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from placer.errors import MeasurementError
+from placer.errors import ClusterError, MeasurementError
 from placer.runtime.devices import parse_devices
 from placer.runtime.worker import MAX_MESSAGE_BYTES, TOKEN_KEY, blob_fingerprint, grpc_options
 from placer.sim.evaluator import Evaluator, Outcome
@@ -53,6 +56,40 @@ class _Worker:
 
 class WorkerFailed(Exception):
     pass
+
+
+class DeviceMismatch(MeasurementError, ClusterError):
+    """A worker lacks devices the measurements need (refused when the pool connects, and when a worker rejoins)."""
+
+
+def devices_flag(names: Sequence[str]) -> str:
+    """The `--devices` value that gives a worker (or this machine) every device of `names`: `cpu:N` for CPUs
+    only, else the comma list.
+
+    >>> devices_flag(["/CPU:1", "/CPU:0"])
+    'cpu:2'
+    """
+    import re
+
+    ks = [re.fullmatch(r"/(?:device:)?CPU:(\d+)", n, re.I) for n in names]
+    if names and all(ks):
+        return f"cpu:{max(int(k.group(1)) for k in ks) + 1}"
+    return ",".join(names)
+
+
+def missing_devices_message(where: str, need: Sequence[str], have: Sequence[str]) -> str | None:
+    """One line naming `where`, the devices of `need` missing from `have`, and the fix; None when none is."""
+    from placer.sim.cluster import short_device_name
+
+    have_short = {short_device_name(x) for x in have}
+    missing = [n for n in need if short_device_name(n) not in have_short]
+    if not missing:
+        return None
+    fix = f"start it with --devices {devices_flag([short_device_name(n) for n in need])}"
+    if any("GPU" in m.upper() for m in missing):
+        fix += " on a host whose TensorFlow sees those GPUs"
+    return (f"{where} has no device {', '.join(missing)} (it reports: {', '.join(sorted(have_short)) or 'none'}): "
+            f"{fix}")
 
 
 class RemotePool(Evaluator):
@@ -145,14 +182,22 @@ class RemotePool(Evaluator):
             reply = w.stub.LoadGraph(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
         except self._grpc.RpcError as e:
             raise WorkerFailed(self._rpc_error(e)) from None
-        w.loaded = True
+        if reply.fingerprint and reply.fingerprint != self._fp:
+            raise WorkerFailed(f"worker {w.address} loaded graph {reply.fingerprint[:16]}, not the one sent "
+                               f"({self._fp[:16]})")
         w.devices = list(reply.devices)
+        bad = missing_devices_message(f"worker {w.address}", self.devices, w.devices)
+        if bad:
+            raise DeviceMismatch(bad)
+        w.loaded = True
 
     def reported_devices(self) -> dict[str, list[str]]:
         """The devices TensorFlow sees on each live worker, as the worker reports them when it loads the graph
-        (loaded now if it was not: the measurements need it anyway). MeasurementError when no worker answers."""
+        (loaded now if it was not: the measurements need it anyway). MeasurementError when no worker answers;
+        DeviceMismatch (one line: the worker, the missing devices, the fix) when a worker lacks a device."""
         self.check_workers(force=True)
         out: dict[str, list[str]] = {}
+        mismatched: list[str] = []
         for w in self.workers:
             if not w.alive:
                 continue
@@ -160,11 +205,22 @@ class RemotePool(Evaluator):
                 if not w.loaded or w.devices is None:
                     self._load(w)
                 out[w.address] = list(w.devices or [])
+            except DeviceMismatch as e:
+                mismatched.append(str(e))
+                self._fail(w, str(e))
             except WorkerFailed as e:
                 self._fail(w, str(e))
+        if mismatched:
+            raise DeviceMismatch("; ".join(mismatched))
         if not out:
             raise self._none_alive()
         return out
+
+    def check_devices(self) -> "RemotePool":
+        """Connect now: every answering worker gets the graph and reports its devices; refuse (DeviceMismatch)
+        before any measurement when one lacks a device of `devices`, MeasurementError when none answers."""
+        self.reported_devices()
+        return self
 
     def cluster(self):
         """The cluster of this pool's `devices` as the workers report them (`placer.sim.cluster.cluster_from_reported`):
