@@ -131,3 +131,40 @@ def test_restarted_worker_is_rechecked_and_rejoins(graph):
         pool.close()
         stop_worker(pa)
         stop_worker(pb)
+
+
+def test_hung_worker_is_cut_by_the_heartbeat_and_its_placements_go_elsewhere(graph):
+    """SIGSTOP of one of two workers mid-batch (a hang): the health heartbeat cuts it within seconds, not at the
+    RPC deadline, and the other worker measures every placement."""
+    import signal
+    import threading
+    import time
+
+    pa, addr_a = start_worker("--devices", "cpu:2")
+    pb, addr_b = start_worker("--devices", "cpu:2")
+    pool = RemotePool(graph, [addr_a, addr_b], "cpu:2", warmup=0, runs=3, timeout=120, heartbeat=1.0,
+                      heartbeat_misses=2, health_interval=3600)
+    stopped = threading.Event()
+    try:
+        pool.check_devices()
+
+        def stopper():
+            while pool.workers[0].measured < 1:
+                time.sleep(0.05)
+            pa.send_signal(signal.SIGSTOP)
+            stopped.set()
+
+        t = threading.Thread(target=stopper, daemon=True)
+        t.start()
+        t0 = time.monotonic()
+        outs = pool.evaluate([np.zeros(graph.num_ops, np.int64)] * 12)
+        wall = time.monotonic() - t0
+        t.join(5)
+        assert stopped.is_set() and all(o.ok for o in outs) and len(outs) == 12
+        assert not pool.workers[0].alive and "stopped answering" in pool.workers[0].reason
+        assert wall < 60, f"the hang was cut after {wall:.0f} s"
+    finally:
+        pool.close()
+        pa.send_signal(signal.SIGCONT)
+        stop_worker(pa)
+        stop_worker(pb)

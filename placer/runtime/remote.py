@@ -98,13 +98,15 @@ class RemotePool(Evaluator):
     graph: OpGraph with a runnable meta_graph. addresses: HOST:PORT list. devices: spec or names (default: the
     CPU). token: shared secret (sent as `x-placer-token`). tls_ca: PEM file of the CA/certificate to trust
     (enables TLS). timeout: seconds one measurement may take on a worker (the RPC deadline adds `rpc_slack` for
-    TF start-up and graph import). warmup/runs as in LocalRunner.
+    TF start-up and graph import). warmup/runs as in LocalRunner. heartbeat/heartbeat_misses: during a
+    measurement the worker's health is asked every `heartbeat` s; after `heartbeat_misses` unanswered probes in a
+    row (a hung or stopped worker) the call is cancelled and the worker is out, its placement going to another.
     """
 
     def __init__(self, graph, addresses: Sequence[str] | str, devices: Sequence[str] | str = "cpu:1", *,
                  token: str | None = None, tls_ca: str | None = None, timeout: float = 600.0, warmup: int = 2,
                  runs: int = 5, rpc_slack: float = 240.0, health_interval: float = 30.0,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES):
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, heartbeat: float = 5.0, heartbeat_misses: int = 3):
         import grpc
 
         from placer.runtime import placer_pb2_grpc
@@ -119,6 +121,7 @@ class RemotePool(Evaluator):
         self.devices = parse_devices(devices)
         self.timeout, self.warmup, self.runs = float(timeout), int(warmup), int(runs)
         self.rpc_slack, self.health_interval = float(rpc_slack), float(health_interval)
+        self.heartbeat, self.heartbeat_misses = float(heartbeat), max(1, int(heartbeat_misses))
         self._md = ((TOKEN_KEY, token.strip()),) if token else ()
         self._fp = blob_fingerprint(graph.meta_graph, graph.names, graph.fetches)
         creds = None
@@ -158,6 +161,9 @@ class RemotePool(Evaluator):
         except self._grpc.RpcError as e:
             self._fail(w, self._rpc_error(e))
             return False
+        if not w.alive:
+            log.warning("measurement worker %s answers again: re-checking its devices and graph before it rejoins",
+                        w.address)
         w.alive, w.reason, w.last_check = True, "", time.monotonic()
         return True
 
@@ -239,7 +245,7 @@ class RemotePool(Evaluator):
                                         runs=self.runs, timeout_s=self.timeout, profile_runs=profile_runs)
         for attempt in range(2):
             try:
-                r = w.stub.Measure(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
+                r = self._call_watched(w, req)
                 break
             except self._grpc.RpcError as e:
                 if attempt == 0 and e.code() == self._grpc.StatusCode.FAILED_PRECONDITION:
@@ -247,7 +253,7 @@ class RemotePool(Evaluator):
                     continue
                 raise WorkerFailed(self._rpc_error(e)) from None
         out = Outcome(step_time=r.step_time if not r.failed else float("inf"), oom=r.oom, failed=r.failed,
-                      reason=r.reason or None, runs=tuple(r.runs),
+                      reason=(r.reason or f"failed on worker {w.address} without a reason") if r.failed else None, runs=tuple(r.runs),
                       on_assigned_device=r.on_assigned_device if r.has_on_assigned_device else None,
                       peak_memory=np.asarray(list(r.peak_memory), np.int64))
         out.worker = r.worker or w.address  # type: ignore[attr-defined]
@@ -255,6 +261,29 @@ class RemotePool(Evaluator):
             out.op_times = {t.op: (t.device, list(t.seconds)) for t in r.op_times}  # type: ignore[attr-defined]
         w.measured += 1
         return out
+
+    def _call_watched(self, w: _Worker, req):
+        """One Measure RPC, with the worker's health asked every `heartbeat` s while it runs: a worker that stops
+        answering (a hang, SIGSTOP, a host gone) for `heartbeat_misses` probes in a row has its call cancelled
+        and is out, long before the RPC deadline (`timeout` + `rpc_slack`)."""
+        from placer.runtime import placer_pb2
+
+        fut = w.stub.Measure.future(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
+        misses = 0
+        while True:
+            try:
+                return fut.result(timeout=self.heartbeat)
+            except self._grpc.FutureTimeoutError:
+                pass
+            try:
+                w.stub.Health(placer_pb2.HealthRequest(), timeout=self.heartbeat, metadata=self._md)
+                misses = 0
+            except self._grpc.RpcError as e:
+                misses += 1
+                if misses >= self.heartbeat_misses and not fut.done():
+                    fut.cancel()
+                    raise WorkerFailed(f"worker stopped answering mid-measurement (no health reply in "
+                                       f"{misses} probes of {self.heartbeat:g} s: {self._rpc_error(e)})") from None
 
     # ---- Evaluator -----------------------------------------------------------------------------------------
     def evaluate(self, placements: Sequence[np.ndarray], *, profile_runs: int = 0) -> list[Outcome]:
