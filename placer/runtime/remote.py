@@ -142,8 +142,8 @@ class RemotePool(Evaluator):
         self._grpc = grpc
 
     # ---- worker calls --------------------------------------------------------------------------------------
-    def _fail(self, w: _Worker, why: str) -> None:
-        if w.alive:
+    def _fail(self, w: _Worker, why: str, *, quiet: bool = False) -> None:
+        if w.alive and not quiet:
             log.warning("measurement worker %s is out: %s", w.address, why)
         w.alive, w.loaded, w.reason, w.last_check = False, False, why, time.monotonic()
 
@@ -213,7 +213,7 @@ class RemotePool(Evaluator):
                 out[w.address] = list(w.devices or [])
             except DeviceMismatch as e:
                 mismatched.append(str(e))
-                self._fail(w, str(e))
+                self._fail(w, str(e), quiet=True)      # raised below: one line, not a warning too
             except WorkerFailed as e:
                 self._fail(w, str(e))
         if mismatched:
