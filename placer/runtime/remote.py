@@ -8,8 +8,9 @@
 Each worker gets the graph once (`LoadGraph`, cached there by fingerprint; re-sent if the worker restarted).
 `evaluate` runs one thread per live worker pulling placements from a shared queue, so a batch takes about
 (batch / workers) measurements. A worker that dies, times out, refuses or errors is marked dead and the
-placement it held goes back to the queue for another worker. Dead workers are health-checked again (every `health_interval` s, at the start of a batch) and
-rejoin when they answer. The pool goes on while at least one worker lives; when none does, `evaluate` raises
+placement it held goes back to the queue for another worker. Dead workers are health-checked again (every
+`health_interval` s, in the background from the start of a batch: a batch never waits on a worker that stays
+down) and rejoin when they answer, after their devices and graph fingerprint are checked again (LoadGraph). The pool goes on while at least one worker lives; when none does, `evaluate` raises
 MeasurementError naming every worker and why it is out. Per-placement failures (OOM, a TF error, a timeout of
 the measurement on the worker) are failed Outcomes from the worker, with the worker's reason, not worker failures;
 a worker that lacks a device of `devices` is out (with the missing devices and the fix as its reason).
@@ -50,6 +51,7 @@ class _Worker:
     reason: str = ""
     last_check: float = 0.0
     measured: int = 0
+    probing: bool = False              # a background health probe is running
     devices: list | None = None        # what TF sees on the worker (from its LoadGraph reply)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -105,7 +107,7 @@ class RemotePool(Evaluator):
 
     def __init__(self, graph, addresses: Sequence[str] | str, devices: Sequence[str] | str = "cpu:1", *,
                  token: str | None = None, tls_ca: str | None = None, timeout: float = 600.0, warmup: int = 2,
-                 runs: int = 5, rpc_slack: float = 240.0, health_interval: float = 30.0,
+                 runs: int = 5, rpc_slack: float = 240.0, health_interval: float = 5.0,
                  max_message_bytes: int = MAX_MESSAGE_BYTES, heartbeat: float = 5.0, heartbeat_misses: int = 3):
         import grpc
 
@@ -167,16 +169,29 @@ class RemotePool(Evaluator):
         w.alive, w.reason, w.last_check = True, "", time.monotonic()
         return True
 
-    def check_workers(self, force: bool = False) -> list[str]:
-        """Re-probe dead workers (all when `force`); returns the live addresses."""
+    def check_workers(self, force: bool = False, wait: bool = True) -> list[str]:
+        """Re-probe dead workers due for it (all workers when `force`); returns the live addresses. With
+        `wait=False` the probes of dead workers run in the background (a batch does not wait seconds on a worker
+        that stays down): one that answers is alive for the next batch."""
         now = time.monotonic()
-        probes = [w for w in self.workers if force or (not w.alive and now - w.last_check >= self.health_interval)]
-        ts = [threading.Thread(target=self.health, args=(w,), daemon=True) for w in probes]
+        probes = [w for w in self.workers if not w.probing and
+                  (force or (not w.alive and now - w.last_check >= self.health_interval))]
+        ts = []
+        for w in probes:
+            w.probing = True
+            ts.append(threading.Thread(target=self._probe, args=(w,), daemon=True, name=f"probe-{w.address}"))
         for t in ts:
             t.start()
-        for t in ts:
-            t.join()
+        if wait or force:
+            for t in ts:
+                t.join()
         return [w.address for w in self.workers if w.alive]
+
+    def _probe(self, w: _Worker) -> None:
+        try:
+            self.health(w)
+        finally:
+            w.probing = False
 
     def _load(self, w: _Worker) -> None:
         from placer.runtime import placer_pb2
@@ -302,8 +317,14 @@ class RemotePool(Evaluator):
         queue = collections.deque(i for i, r in enumerate(results) if r is None)
         if not queue:
             return results  # type: ignore[return-value]
-        self.check_workers()
+        self.check_workers(wait=False)
         live = [w for w in self.workers if w.alive]
+        if not live:                       # nothing to measure on: wait for the probes of the dead ones
+            self.check_workers(wait=True)
+            deadline = time.monotonic() + 10.0
+            while any(w.probing for w in self.workers) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            live = [w for w in self.workers if w.alive]
         if not live:
             raise self._none_alive()
         cond = threading.Condition()
