@@ -200,7 +200,7 @@ class RemotePool(Evaluator):
         req = placer_pb2.LoadGraphRequest(fingerprint=self._fp, meta_graph=g.meta_graph, op_names=list(g.names),
                                           fetches=list(g.fetches), name=getattr(g, "name", "graph"))
         try:
-            reply = w.stub.LoadGraph(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
+            reply = self._call_watched(w, w.stub.LoadGraph, req)
         except self._grpc.RpcError as e:
             raise WorkerFailed(self._rpc_error(e)) from None
         if reply.fingerprint and reply.fingerprint != self._fp:
@@ -260,7 +260,7 @@ class RemotePool(Evaluator):
                                         runs=self.runs, timeout_s=self.timeout, profile_runs=profile_runs)
         for attempt in range(2):
             try:
-                r = self._call_watched(w, req)
+                r = self._call_watched(w, w.stub.Measure, req)
                 break
             except self._grpc.RpcError as e:
                 if attempt == 0 and e.code() == self._grpc.StatusCode.FAILED_PRECONDITION:
@@ -277,13 +277,13 @@ class RemotePool(Evaluator):
         w.measured += 1
         return out
 
-    def _call_watched(self, w: _Worker, req):
-        """One Measure RPC, with the worker's health asked every `heartbeat` s while it runs: a worker that stops
+    def _call_watched(self, w: _Worker, method, req):
+        """One RPC (Measure, LoadGraph), with the worker's health asked every `heartbeat` s while it runs: a worker that stops
         answering (a hang, SIGSTOP, a host gone) for `heartbeat_misses` probes in a row has its call cancelled
         and is out, long before the RPC deadline (`timeout` + `rpc_slack`)."""
         from placer.runtime import placer_pb2
 
-        fut = w.stub.Measure.future(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
+        fut = method.future(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
         misses = 0
         while True:
             try:
@@ -297,7 +297,7 @@ class RemotePool(Evaluator):
                 misses += 1
                 if misses >= self.heartbeat_misses and not fut.done():
                     fut.cancel()
-                    raise WorkerFailed(f"worker stopped answering mid-measurement (no health reply in "
+                    raise WorkerFailed(f"worker stopped answering mid-call (no health reply in "
                                        f"{misses} probes of {self.heartbeat:g} s: {self._rpc_error(e)})") from None
 
     # ---- Evaluator -----------------------------------------------------------------------------------------
