@@ -249,8 +249,14 @@ def main(argv=None) -> int:
             rows.append(r)
             print(json.dumps(r), flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"model": args.model, "size": args.size, "updates": args.updates,
-                                              "reference_evaluations": expected, "faults": rows}, indent=1) + "\n")
+        for r in rows:
+            r.update(updates=args.updates, reference_evaluations=expected)
+        if args.only and Path(args.out).exists():      # keep the other faults' rows of an earlier run
+            old = {r["fault"]: r for r in json.loads(Path(args.out).read_text()).get("faults", [])}
+            old.update({r["fault"]: r for r in rows})
+            rows = [old[f] for f in FAULTS if f in old]
+        Path(args.out).write_text(json.dumps({"model": args.model, "size": args.size, "faults": rows}, indent=1)
+                                  + "\n")
         print(f"wrote {args.out}")
         return 0 if all(r["survived"] == r["injected"] and r["result_ok"] for r in rows) else 1
     finally:
