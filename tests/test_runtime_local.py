@@ -101,6 +101,7 @@ def test_out_of_memory_is_a_failed_outcome():
     with LocalRunner(g, "cpu:1", warmup=0, runs=1, timeout=60) as r:
         [o] = r.evaluate([np.zeros(g.num_ops, np.int64)])
     assert o.failed and o.oom and "OOM" in o.reason and "'big'" in o.reason
+    assert o.reason.startswith("out of memory on /CPU:0: needs 4.0 TiB for one tensor")  # device and bytes first
 
 
 def test_dead_child_is_replaced(runner, mlp):

@@ -66,12 +66,18 @@ def test_two_workers_measure_like_local(graph, workers):
 
 def test_bad_placements_come_back_as_failed_outcomes(graph, workers):
     addrs = [a for _, a in workers]
-    with RemotePool(graph, addrs, ["/CPU:0", "/GPU:0"], warmup=0, runs=1, timeout=120) as pool:
-        gpu, short = np.ones(graph.num_ops, np.int64), np.zeros(3, np.int64)
-        o_gpu, o_short, o_ok = pool.evaluate([gpu, short, np.zeros(graph.num_ops, np.int64)])
-    assert o_gpu.failed and "/GPU:0" in o_gpu.reason
+    with RemotePool(graph, addrs, ["/CPU:0", "/CPU:1"], warmup=0, runs=1, timeout=120) as pool:
+        far, short = np.full(graph.num_ops, 2, np.int64), np.zeros(3, np.int64)
+        o_far, o_short, o_ok = pool.evaluate([far, short, np.zeros(graph.num_ops, np.int64)])
+    assert o_far.failed and "device index 2" in o_far.reason
     assert o_short.failed and "ops" in o_short.reason
     assert o_ok.ok
+    # a device the workers lack is not a per-placement failure: the workers are refused, naming it and the fix
+    with RemotePool(graph, addrs, ["/CPU:0", "/GPU:0"], warmup=0, runs=1, timeout=120) as pool:
+        with pytest.raises(MeasurementError, match=r"no measurement worker is alive.*has no device /GPU:0.*"
+                                                   r"start it with --devices /CPU:0,/GPU:0"):
+            pool.evaluate([np.zeros(graph.num_ops, np.int64)])
+        assert all(w.measured == 0 for w in pool.workers)
 
 
 def test_cluster_comes_from_the_devices_the_workers_report(graph, workers, monkeypatch):

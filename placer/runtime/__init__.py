@@ -26,10 +26,12 @@ def read_token(path: str | None) -> str | None:
 
 
 def make_evaluator(graph, devices, *, workers=None, token_file: str | None = None, token: str | None = None,
-                   tls_ca: str | None = None, warmup: int = 2, runs: int = 5, timeout: float = 600.0):
+                   tls_ca: str | None = None, warmup: int = 2, runs: int = 5, timeout: float = 600.0,
+                   check: bool = True):
     """A measuring Evaluator: a TFClusterRunner when `devices` is a tasks file (`*.json`), a RemotePool over
     `workers` (comma string or list) when given, else a LocalRunner. `devices`: a tasks file, `cpu:N` or TF device
-    names (index-aligned with placement values)."""
+    names (index-aligned with placement values). `check`: connect now and refuse (one-line MeasurementError naming
+    the worker / machine / task, the missing devices and the fix) when a device is missing."""
     from placer.tasks import looks_like_tasks_file
 
     if looks_like_tasks_file(devices):
@@ -40,15 +42,24 @@ def make_evaluator(graph, devices, *, workers=None, token_file: str | None = Non
                                    "it does not combine with --workers")
         from placer.runtime.tfcluster import TFClusterRunner
 
-        return TFClusterRunner(graph, devices, warmup=warmup, runs=runs, timeout=timeout)
-    if workers:
+        ev = TFClusterRunner(graph, devices, warmup=warmup, runs=runs, timeout=timeout)
+    elif workers:
         from placer.runtime.remote import RemotePool
 
-        return RemotePool(graph, workers, devices, token=token or read_token(token_file), tls_ca=tls_ca,
-                          warmup=warmup, runs=runs, timeout=timeout)
-    from placer.runtime.local import LocalRunner
+        ev = RemotePool(graph, workers, devices, token=token or read_token(token_file), tls_ca=tls_ca,
+                        warmup=warmup, runs=runs, timeout=timeout)
+    else:
+        from placer.runtime.local import LocalRunner
 
-    return LocalRunner(graph, devices, warmup=warmup, runs=runs, timeout=timeout)
+        ev = LocalRunner(graph, devices, warmup=warmup, runs=runs, timeout=timeout)
+    if check:
+        # refuse before any work when a device is missing (a worker's, this machine's, the TF cluster's)
+        try:
+            ev.check_devices()
+        except BaseException:
+            ev.close()
+            raise
+    return ev
 
 
 __all__ = ["make_evaluator", "measured_cluster", "read_token"]

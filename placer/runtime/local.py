@@ -182,6 +182,32 @@ class Child:
             pass
 
 
+_DTYPE_BYTES = {"float": 4, "float32": 4, "int32": 4, "uint32": 4, "double": 8, "float64": 8, "int64": 8,
+                "uint64": 8, "half": 2, "float16": 2, "bfloat16": 2, "int16": 2, "uint16": 2, "int8": 1, "uint8": 1,
+                "bool": 1, "complex64": 8, "complex128": 16}
+
+
+def oom_detail(reason: str) -> str:
+    """TF's OOM message with the device and the bytes the failed allocation needed put first:
+    'out of memory on /CPU:0: needs 4.0 TiB for one tensor (ResourceExhaustedError: OOM when allocating ...)'.
+
+    >>> oom_detail("ResourceExhaustedError: OOM when allocating tensor with shape[1024,1024] and type float on "
+    ...            "/job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu")[:56]
+    'out of memory on /CPU:0: needs 4.0 MiB for one tensor (R'
+    """
+    import re
+
+    from placer.errors import fmt_bytes
+
+    m = re.search(r"shape\[([\d, ]*)\] and type (\w+) on (\S+)", reason)
+    if not m:
+        return reason
+    dims = [int(x) for x in m.group(1).replace(" ", "").split(",") if x]
+    need = int(np.prod(dims, dtype=np.float64)) * _DTYPE_BYTES.get(m.group(2), 4)
+    dev = m.group(3).rsplit("/device:", 1)[-1]
+    return f"out of memory on /{dev}: needs {fmt_bytes(need)} for one tensor ({reason})"
+
+
 class LocalRunner(Evaluator):
     """Measures placements on this machine's TensorFlow devices (see the module docstring).
 
@@ -265,6 +291,21 @@ class LocalRunner(Evaluator):
             self._ensure_child()
         return self
 
+    def check_devices(self) -> "LocalRunner":
+        """Start TensorFlow now and refuse (MeasurementError, one line: the missing devices and the fix) when it
+        does not have every device of `devices`, before any measurement."""
+        from placer.runtime.remote import missing_devices_message
+
+        with self._lock:
+            child = self._ensure_child()
+            bad = missing_devices_message(self._where(), self.devices, child.devices)
+        if bad:
+            raise MeasurementError(bad)
+        return self
+
+    def _where(self) -> str:
+        return "this machine's TensorFlow"
+
     def close(self) -> None:
         with self._lock:
             if self._child is not None:
@@ -302,7 +343,7 @@ class LocalRunner(Evaluator):
             try:
                 res = child.call("measure", req, self.timeout)
             except ChildError as e:
-                return Outcome.failure(e.reason, oom=e.oom)
+                return Outcome.failure(oom_detail(e.reason) if e.oom else e.reason, oom=e.oom)
             except ChildDied as e:
                 child.close()
                 self._child = None

@@ -8,13 +8,17 @@
 Each worker gets the graph once (`LoadGraph`, cached there by fingerprint; re-sent if the worker restarted).
 `evaluate` runs one thread per live worker pulling placements from a shared queue, so a batch takes about
 (batch / workers) measurements. A worker that dies, times out, refuses or errors is marked dead and the
-placement it held goes back to the queue for another worker. Dead workers are health-checked again (every `health_interval` s, at the start of a batch) and
-rejoin when they answer. The pool goes on while at least one worker lives; when none does, `evaluate` raises
-MeasurementError naming every worker and why it is out. Per-placement failures (OOM, a device the worker does
-not have, a TF error) are failed Outcomes from the worker, not worker failures.
+placement it held goes back to the queue for another worker. Dead workers are health-checked again (every
+`health_interval` s, in the background from the start of a batch: a batch never waits on a worker that stays
+down) and rejoin when they answer, after their devices and graph fingerprint are checked again (LoadGraph). The pool goes on while at least one worker lives; when none does, `evaluate` raises
+MeasurementError naming every worker and why it is out. Per-placement failures (OOM, a TF error, a timeout of
+the measurement on the worker) are failed Outcomes from the worker, with the worker's reason, not worker failures;
+a worker that lacks a device of `devices` is out (with the missing devices and the fix as its reason).
 
 `devices` are the device names placement indices refer to, as each worker's TensorFlow spells them
-(`/GPU:0`, `/CPU:0`); every worker must have them (a worker that lacks one reports a failed Outcome).
+(`/GPU:0`, `/CPU:0`); every worker must have them: `check_devices()` (called by `make_evaluator` and `cluster()`)
+refuses a worker that lacks one before any work (DeviceMismatch: the worker, the missing devices, the fix), and a
+worker that rejoins after a restart is re-checked (devices and graph fingerprint) before it measures again.
 `pool.cluster()` builds the cluster of those devices from what the workers report (a ClusterError names a worker
 that lacks one), never from this machine's TensorFlow: the client needs no GPU to search over the workers' GPUs.
 """
@@ -29,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from placer.errors import MeasurementError
+from placer.errors import ClusterError, MeasurementError
 from placer.runtime.devices import parse_devices
 from placer.runtime.worker import MAX_MESSAGE_BYTES, TOKEN_KEY, blob_fingerprint, grpc_options
 from placer.sim.evaluator import Evaluator, Outcome
@@ -47,6 +51,7 @@ class _Worker:
     reason: str = ""
     last_check: float = 0.0
     measured: int = 0
+    probing: bool = False              # a background health probe is running
     devices: list | None = None        # what TF sees on the worker (from its LoadGraph reply)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -55,19 +60,55 @@ class WorkerFailed(Exception):
     pass
 
 
+class DeviceMismatch(MeasurementError, ClusterError):
+    """A worker lacks devices the measurements need (refused when the pool connects, and when a worker rejoins)."""
+
+
+def devices_flag(names: Sequence[str]) -> str:
+    """The `--devices` value that gives a worker (or this machine) every device of `names`: `cpu:N` for CPUs
+    only, else the comma list.
+
+    >>> devices_flag(["/CPU:1", "/CPU:0"])
+    'cpu:2'
+    """
+    import re
+
+    ks = [re.fullmatch(r"/(?:device:)?CPU:(\d+)", n, re.I) for n in names]
+    if names and all(ks):
+        return f"cpu:{max(int(k.group(1)) for k in ks) + 1}"
+    return ",".join(names)
+
+
+def missing_devices_message(where: str, need: Sequence[str], have: Sequence[str]) -> str | None:
+    """One line naming `where`, the devices of `need` missing from `have`, and the fix; None when none is."""
+    from placer.sim.cluster import short_device_name
+
+    have_short = {short_device_name(x) for x in have}
+    missing = [n for n in need if short_device_name(n) not in have_short]
+    if not missing:
+        return None
+    fix = f"start it with --devices {devices_flag([short_device_name(n) for n in need])}"
+    if any("GPU" in m.upper() for m in missing):
+        fix += " on a host whose TensorFlow sees those GPUs"
+    return (f"{where} has no device {', '.join(missing)} (it reports: {', '.join(sorted(have_short)) or 'none'}): "
+            f"{fix}")
+
+
 class RemotePool(Evaluator):
     """Evaluator over remote measurement workers (see the module docstring).
 
     graph: OpGraph with a runnable meta_graph. addresses: HOST:PORT list. devices: spec or names (default: the
     CPU). token: shared secret (sent as `x-placer-token`). tls_ca: PEM file of the CA/certificate to trust
     (enables TLS). timeout: seconds one measurement may take on a worker (the RPC deadline adds `rpc_slack` for
-    TF start-up and graph import). warmup/runs as in LocalRunner.
+    TF start-up and graph import). warmup/runs as in LocalRunner. heartbeat/heartbeat_misses: during a
+    measurement the worker's health is asked every `heartbeat` s; after `heartbeat_misses` unanswered probes in a
+    row (a hung or stopped worker) the call is cancelled and the worker is out, its placement going to another.
     """
 
     def __init__(self, graph, addresses: Sequence[str] | str, devices: Sequence[str] | str = "cpu:1", *,
                  token: str | None = None, tls_ca: str | None = None, timeout: float = 600.0, warmup: int = 2,
-                 runs: int = 5, rpc_slack: float = 240.0, health_interval: float = 30.0,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES):
+                 runs: int = 5, rpc_slack: float = 240.0, health_interval: float = 5.0,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, heartbeat: float = 5.0, heartbeat_misses: int = 3):
         import grpc
 
         from placer.runtime import placer_pb2_grpc
@@ -82,6 +123,7 @@ class RemotePool(Evaluator):
         self.devices = parse_devices(devices)
         self.timeout, self.warmup, self.runs = float(timeout), int(warmup), int(runs)
         self.rpc_slack, self.health_interval = float(rpc_slack), float(health_interval)
+        self.heartbeat, self.heartbeat_misses = float(heartbeat), max(1, int(heartbeat_misses))
         self._md = ((TOKEN_KEY, token.strip()),) if token else ()
         self._fp = blob_fingerprint(graph.meta_graph, graph.names, graph.fetches)
         creds = None
@@ -102,8 +144,8 @@ class RemotePool(Evaluator):
         self._grpc = grpc
 
     # ---- worker calls --------------------------------------------------------------------------------------
-    def _fail(self, w: _Worker, why: str) -> None:
-        if w.alive:
+    def _fail(self, w: _Worker, why: str, *, quiet: bool = False) -> None:
+        if w.alive and not quiet:
             log.warning("measurement worker %s is out: %s", w.address, why)
         w.alive, w.loaded, w.reason, w.last_check = False, False, why, time.monotonic()
 
@@ -121,19 +163,35 @@ class RemotePool(Evaluator):
         except self._grpc.RpcError as e:
             self._fail(w, self._rpc_error(e))
             return False
+        if not w.alive:
+            log.warning("measurement worker %s answers again: re-checking its devices and graph before it rejoins",
+                        w.address)
         w.alive, w.reason, w.last_check = True, "", time.monotonic()
         return True
 
-    def check_workers(self, force: bool = False) -> list[str]:
-        """Re-probe dead workers (all when `force`); returns the live addresses."""
+    def check_workers(self, force: bool = False, wait: bool = True) -> list[str]:
+        """Re-probe dead workers due for it (all workers when `force`); returns the live addresses. With
+        `wait=False` the probes of dead workers run in the background (a batch does not wait seconds on a worker
+        that stays down): one that answers is alive for the next batch."""
         now = time.monotonic()
-        probes = [w for w in self.workers if force or (not w.alive and now - w.last_check >= self.health_interval)]
-        ts = [threading.Thread(target=self.health, args=(w,), daemon=True) for w in probes]
+        probes = [w for w in self.workers if not w.probing and
+                  (force or (not w.alive and now - w.last_check >= self.health_interval))]
+        ts = []
+        for w in probes:
+            w.probing = True
+            ts.append(threading.Thread(target=self._probe, args=(w,), daemon=True, name=f"probe-{w.address}"))
         for t in ts:
             t.start()
-        for t in ts:
-            t.join()
+        if wait or force:
+            for t in ts:
+                t.join()
         return [w.address for w in self.workers if w.alive]
+
+    def _probe(self, w: _Worker) -> None:
+        try:
+            self.health(w)
+        finally:
+            w.probing = False
 
     def _load(self, w: _Worker) -> None:
         from placer.runtime import placer_pb2
@@ -142,17 +200,25 @@ class RemotePool(Evaluator):
         req = placer_pb2.LoadGraphRequest(fingerprint=self._fp, meta_graph=g.meta_graph, op_names=list(g.names),
                                           fetches=list(g.fetches), name=getattr(g, "name", "graph"))
         try:
-            reply = w.stub.LoadGraph(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
+            reply = self._call_watched(w, w.stub.LoadGraph, req)
         except self._grpc.RpcError as e:
             raise WorkerFailed(self._rpc_error(e)) from None
-        w.loaded = True
+        if reply.fingerprint and reply.fingerprint != self._fp:
+            raise WorkerFailed(f"worker {w.address} loaded graph {reply.fingerprint[:16]}, not the one sent "
+                               f"({self._fp[:16]})")
         w.devices = list(reply.devices)
+        bad = missing_devices_message(f"worker {w.address}", self.devices, w.devices)
+        if bad:
+            raise DeviceMismatch(bad)
+        w.loaded = True
 
     def reported_devices(self) -> dict[str, list[str]]:
         """The devices TensorFlow sees on each live worker, as the worker reports them when it loads the graph
-        (loaded now if it was not: the measurements need it anyway). MeasurementError when no worker answers."""
+        (loaded now if it was not: the measurements need it anyway). MeasurementError when no worker answers;
+        DeviceMismatch (one line: the worker, the missing devices, the fix) when a worker lacks a device."""
         self.check_workers(force=True)
         out: dict[str, list[str]] = {}
+        mismatched: list[str] = []
         for w in self.workers:
             if not w.alive:
                 continue
@@ -160,11 +226,22 @@ class RemotePool(Evaluator):
                 if not w.loaded or w.devices is None:
                     self._load(w)
                 out[w.address] = list(w.devices or [])
+            except DeviceMismatch as e:
+                mismatched.append(str(e))
+                self._fail(w, str(e), quiet=True)      # raised below: one line, not a warning too
             except WorkerFailed as e:
                 self._fail(w, str(e))
+        if mismatched:
+            raise DeviceMismatch("; ".join(mismatched))
         if not out:
             raise self._none_alive()
         return out
+
+    def check_devices(self) -> "RemotePool":
+        """Connect now: every answering worker gets the graph and reports its devices; refuse (DeviceMismatch)
+        before any measurement when one lacks a device of `devices`, MeasurementError when none answers."""
+        self.reported_devices()
+        return self
 
     def cluster(self):
         """The cluster of this pool's `devices` as the workers report them (`placer.sim.cluster.cluster_from_reported`):
@@ -183,7 +260,7 @@ class RemotePool(Evaluator):
                                         runs=self.runs, timeout_s=self.timeout, profile_runs=profile_runs)
         for attempt in range(2):
             try:
-                r = w.stub.Measure(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
+                r = self._call_watched(w, w.stub.Measure, req)
                 break
             except self._grpc.RpcError as e:
                 if attempt == 0 and e.code() == self._grpc.StatusCode.FAILED_PRECONDITION:
@@ -191,7 +268,7 @@ class RemotePool(Evaluator):
                     continue
                 raise WorkerFailed(self._rpc_error(e)) from None
         out = Outcome(step_time=r.step_time if not r.failed else float("inf"), oom=r.oom, failed=r.failed,
-                      reason=r.reason or None, runs=tuple(r.runs),
+                      reason=(r.reason or f"failed on worker {w.address} without a reason") if r.failed else None, runs=tuple(r.runs),
                       on_assigned_device=r.on_assigned_device if r.has_on_assigned_device else None,
                       peak_memory=np.asarray(list(r.peak_memory), np.int64))
         out.worker = r.worker or w.address  # type: ignore[attr-defined]
@@ -199,6 +276,29 @@ class RemotePool(Evaluator):
             out.op_times = {t.op: (t.device, list(t.seconds)) for t in r.op_times}  # type: ignore[attr-defined]
         w.measured += 1
         return out
+
+    def _call_watched(self, w: _Worker, method, req):
+        """One RPC (Measure, LoadGraph), with the worker's health asked every `heartbeat` s while it runs: a worker that stops
+        answering (a hang, SIGSTOP, a host gone) for `heartbeat_misses` probes in a row has its call cancelled
+        and is out, long before the RPC deadline (`timeout` + `rpc_slack`)."""
+        from placer.runtime import placer_pb2
+
+        fut = method.future(req, timeout=self.timeout + self.rpc_slack, metadata=self._md)
+        misses = 0
+        while True:
+            try:
+                return fut.result(timeout=self.heartbeat)
+            except self._grpc.FutureTimeoutError:
+                pass
+            try:
+                w.stub.Health(placer_pb2.HealthRequest(), timeout=self.heartbeat, metadata=self._md)
+                misses = 0
+            except self._grpc.RpcError as e:
+                misses += 1
+                if misses >= self.heartbeat_misses and not fut.done():
+                    fut.cancel()
+                    raise WorkerFailed(f"worker stopped answering mid-call (no health reply in "
+                                       f"{misses} probes of {self.heartbeat:g} s: {self._rpc_error(e)})") from None
 
     # ---- Evaluator -----------------------------------------------------------------------------------------
     def evaluate(self, placements: Sequence[np.ndarray], *, profile_runs: int = 0) -> list[Outcome]:
@@ -217,8 +317,14 @@ class RemotePool(Evaluator):
         queue = collections.deque(i for i, r in enumerate(results) if r is None)
         if not queue:
             return results  # type: ignore[return-value]
-        self.check_workers()
+        self.check_workers(wait=False)
         live = [w for w in self.workers if w.alive]
+        if not live:                       # nothing to measure on: wait for the probes of the dead ones
+            self.check_workers(wait=True)
+            deadline = time.monotonic() + 10.0
+            while any(w.probing for w in self.workers) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            live = [w for w in self.workers if w.alive]
         if not live:
             raise self._none_alive()
         cond = threading.Condition()

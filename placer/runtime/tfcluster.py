@@ -69,7 +69,8 @@ class TFClusterRunner(LocalRunner):
         missing = [d for d in self.devices if d not in child.devices]
         if missing:
             raise MeasurementError(f"tasks file {self.tasks.path}: task 0's master ({self.tasks.target}) does not "
-                                   f"see device {missing[0]} (it sees: {', '.join(child.devices)})")
+                                   f"see device {', '.join(missing)} (it sees: {', '.join(child.devices)}): list only devices of the "
+                                   "tasks file in --devices, or restart the cluster (`placer cluster up`)")
         return child
 
     def measure(self, placement, **kw) -> Outcome:
