@@ -10,7 +10,9 @@ every group on a device its `allowed` row permits (CPU-only groups on the CPU, m
 Start (as the policy's warm start, `placer.grouped.grouped_baselines`): evaluate every op-level baseline of the
 problem in one batch, then the group-level version (majority device per group) of each that worked, in one
 batch; the fastest that works is the start. Both batches count as evaluations, exactly as `placer.rl.search`
-counts them, so at N evaluations both methods have had the same N simulator calls.
+counts them, so at N evaluations both methods have had the same N simulator calls. (When no baseline works, the
+grouped version of the one whose failure is charged least is the start, one more evaluation; the policy then
+starts cold.)
 
 Moves, all neighbours of the current placement: a single group to another allowed device, or a block (a
 contiguous run of 2..`block_max` groups in group order, which is topological order) to one device (each group
@@ -48,23 +50,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AnnealConfig:
-    """Defaults tuned on nmt4 and inception_v3, 4xK80 (simulated), 1,000 evaluations, mean of 8-16 seeds; ~45
-    settings tried (benchmarks/RESULTS.md, "Annealing reference"). nmt4's spread across seeds (0.41-0.50 s) is
-    larger than the differences between the best settings; inception_v3's is ~0.002 s."""
-    batch: int = 8                # moves per Evaluator call; greedy best-of-batch: 2 → nmt4 0.514 s, 4 → 0.479,
-                                  #   8 → 0.457, 16 → 0.474, 32 → 0.47 (other settings as the first default)
-    block_prob: float = 0.1       # share of block moves (the rest move one group): 0.6 → nmt4 0.487 s, 0.3 → 0.457,
-                                  #   0 → 0.444 (inception_v3 0.402 / 0.399 / 0.396); 0.1 ≈ 0 on nmt4, best on
-                                  #   inception_v3 (0.3957 s), and keeps larger moves in the mix
-    block_max: int = 8            # longest block, in groups (4 and 16: no better)
+    """The annealer's settings, tuned on nmt4 and inception_v3 (4xK80, simulated) at 1,000 evaluations; the
+    settings tried and their figures: benchmarks/RESULTS.md, "Annealing reference"."""
+    batch: int = 8                # moves per Evaluator call (2, 4, 16, 32 worse with the greedy rule)
+    block_prob: float = 0.1       # share of block moves, the rest move one group (0.3 and 0.6 worse)
+    block_max: int = 8            # longest block, in groups (4 and 16 no better)
     accept0: float = 0.3          # at T0 a median worsening move of the first batch is accepted with this probability
-                                  #   (0.1 0.481 s, 0.3 0.459, 0.5 0.457, 0.8 0.454 on nmt4; 0.8 worse on inception_v3)
-    t_final: float = 1e-4         # final temperature (relative step-time change); 1e-3 and 1e-5 no better
-    restarts: int = 0             # reheats from the best so far (the budget is split into restarts + 1 schedules);
-                                  #   1 and 3 no better at 1,000 evaluations
-    rule: str = "greedy"          # "greedy" or "metropolis" (see the module docstring); metropolis: nmt4 0.506 s
-                                  #   vs 0.457, inception_v3 0.406 vs 0.399
-    failure_factor: float = 10.0  # failures cost failure_factor × the single-GPU step time (ReinforceConfig's)
+    t_final: float = 1e-4         # final temperature, in relative step-time change (1e-3, 1e-5 no better)
+    restarts: int = 0             # reheats from the best so far, the budget split into restarts + 1 schedules
+    rule: str = "greedy"          # "greedy" or "metropolis" (module docstring); metropolis worse on both models
+    failure_factor: float = 10.0  # a failure costs this × the single-GPU step time (as ReinforceConfig's)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,7 +110,7 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
     evaluator = evaluator if evaluator is not None else problem.simulator
     grouping, cluster = problem.grouping, problem.cluster
     allowed = np.asarray(problem.allowed, bool)
-    G, D = allowed.shape
+    G = allowed.shape[0]
     if not allowed.any(axis=1).all():
         raise PlacementError(f"group {int(np.flatnonzero(~allowed.any(axis=1))[0])} may not use any device")
     cpu = cluster.cpu_index
@@ -147,8 +142,7 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
         cur = np.asarray(start, np.int64).copy()
         if cur.shape != (G,) or not allowed[np.arange(G), cur].all():
             raise PlacementError(f"anneal start must be {G} group devices, each allowed for its group")
-        o = evaluator.evaluate([grouping.expand(cur, cpu)])[0]
-        run.evaluations += 1
+        o = run.evaluate_ops([grouping.expand(cur, cpu)])[0]
         run.failure_s = cfg.failure_factor * (o.step_time if np.isfinite(o.step_time) else 10.0)
         cur_c = float(run.charge([o])[0])
         run.note(cur, cur_c, o)
