@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 class AnnealConfig:
     """The annealer's settings, tuned on nmt4 and inception_v3 (4xK80, simulated) at 1,000 evaluations; the
     settings tried and their figures: benchmarks/RESULTS.md, "Annealing reference"."""
-    batch: int = 8                # moves per Evaluator call (2, 4, 16, 32 worse with the greedy rule)
-    block_prob: float = 0.1       # share of block moves, the rest move one group (0.3 and 0.6 worse)
+    batch: int = 8                # moves per Evaluator call (4 and 16 worse with the greedy rule)
+    block_prob: float = 0.1       # share of block moves, the rest move one group (0 and 0.3 no better)
     block_max: int = 8            # longest block, in groups (4 and 16 no better)
     accept0: float = 0.3          # at T0 a median worsening move of the first batch is accepted with this probability
     t_final: float = 1e-4         # final temperature, in relative step-time change (1e-3, 1e-5 no better)
