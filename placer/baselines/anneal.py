@@ -19,7 +19,8 @@ contiguous run of 2..`block_max` groups in group order, which is topological ord
 of the run that may use it). A batch of `batch` distinct moves is evaluated in one Evaluator call (the simulator
 runs it on 2 threads); placements already evaluated are not evaluated again. A failed placement (out of memory)
 is charged as the policy's search charges it (`placer.grouped.charged_step_times`: 10 × the single-GPU step
-time, times the memory overflow), so it is never accepted while a fitting neighbour is, and is never returned.
+time, times the memory overflow: Δ ≈ +900% against a T0 of a few %), so it is practically never accepted, and
+it is never returned.
 
 Acceptance (Metropolis on the relative change Δ = c_new / c_cur − 1, temperature T): "greedy" takes the best
 improving move of the batch if any, else tries the worsening ones in random order (the first with
