@@ -12,6 +12,11 @@ Cell keys: model, gpus, kind, baselines {name: seconds | null}, rl_s (the placem
 never worse than the best baseline it knows), search_best_s (the best the policy itself sampled),
 lower_bound_s, search_wall_s; extra: settings, rl_from, baseline_wall_s, baseline_errors, evaluations,
 ops, cost_source, date, machine.
+
+With `CellSettings.anneal` (default on) a cell also runs the local-search reference
+(`placer.baselines.anneal`) on the same problem and adds `anneal_s` (annealing for the cell's wall budget, also
+as `baselines["anneal"]`), `anneal_s_at_evals` and `policy_s_at_evals` ({"1000": s, "5000": s}: see
+`best_within` for the rule, the same for both methods) and `anneal` (its runs' evaluations, wall and start).
 """
 from __future__ import annotations
 
@@ -38,6 +43,8 @@ EXTRA_COLUMNS = [("heft", "HEFT"), ("m_topo", "m-TOPO"), ("m_etf", "m-ETF"), ("m
 # what counts as "a baseline" for the speedup (random/round_robin are sanity checks, not baselines of the paper)
 SPEEDUP_BASELINES = ("single_cpu", "single_gpu", "scotch", "metis", "expert", "heft", "m_topo", "m_etf", "m_sct")
 RESULT_KEYS = ("model", "gpus", "kind", "baselines", "rl_s", "search_best_s", "lower_bound_s", "search_wall_s")
+# evaluation counts at which the policy and the annealer are compared (keys of *_s_at_evals, as strings)
+EVAL_POINTS = (1000, 5000)
 
 
 @dataclass
@@ -51,9 +58,11 @@ class CellSettings:
     seed: int
     cluster: str | None = None     # a topology preset (DGX1, DGX-A100, HGX-H100, NxDGX-A100) instead of gpus x kind
     precision: str = "fp32"
+    anneal: bool = True            # also run the local-search reference (placer.baselines.anneal)
 
     def key(self) -> dict:
-        k = {"size": self.size, "reward": self.reward, "budget": float(self.budget), "seed": int(self.seed)}
+        k = {"size": self.size, "reward": self.reward, "budget": float(self.budget), "seed": int(self.seed),
+             "anneal": bool(self.anneal)}
         if self.cluster or self.precision != "fp32":
             k.update(cluster=self.cluster, precision=self.precision)
         return k
@@ -125,9 +134,63 @@ def run_cell(s: CellSettings, out_dir: Path, *, progress: bool = False) -> dict:
             log.warning("bench: search failed for %s on %s: %s", s.label, s.spec, e)
             search_error = str(e)
         search_wall = time.perf_counter() - t0
+        cell = cell_record(s, problem, times, errors, res, search_wall, search_error, cell_dir)
+        if s.anneal:
+            cell.update(anneal_record(problem, s.budget, s.seed))
+            cell["baselines"]["anneal"] = cell["anneal_s"]
+            cell["policy_s_at_evals"] = ({str(n): best_within(policy_curve(res, len(problem.baselines)), n)
+                                          for n in EVAL_POINTS} if res is not None else {})
     finally:
         problem.close()
-    return cell_record(s, problem, times, errors, res, search_wall, search_error, cell_dir)
+    return cell
+
+
+def best_within(curve: list[dict], n: int) -> float | None:
+    """The best step time a method reached within its first `n` evaluations: the least `best_s` among the rows
+    of `curve` with `evaluations <= n`; None when the method never used `n` evaluations (it stopped earlier) or
+    had nothing working by then.
+
+    The rule, the same for the policy and the annealer: evaluations count every placement the method sent to
+    the evaluator: the op-level baselines, their grouped versions (the start), then its own samples or moves.
+    The best counts the grouped baselines (the start both methods share) and the method's own placements, not
+    the op-level baselines (the floor `rl_s` adds). Rows come after whole batches (the policy's K = 16 samples,
+    the annealer's moves), so a batch that crosses `n` does not count.
+
+    >>> best_within([{"evaluations": 10, "best_s": 2.0}, {"evaluations": 26, "best_s": 1.5}], 20)
+    2.0
+    >>> best_within([{"evaluations": 10, "best_s": 2.0}], 20) is None
+    True
+    """
+    if not curve or max(r["evaluations"] for r in curve) < n:
+        return None
+    vals = [r["best_s"] for r in curve if r["evaluations"] <= n and r["best_s"] is not None]
+    return _num(min(vals)) if vals else None
+
+
+def policy_curve(res, n_baselines: int) -> list[dict]:
+    """The policy search's (a SearchResult's) best-so-far against evaluations, as `best_within` reads it: a
+    first row once the `n_baselines` op-level baselines and the grouped baselines were evaluated, holding the
+    best grouped baseline, then one row per update with the best the policy itself sampled so far."""
+    grouped = [t for t in (res.extra.get("grouped_baselines") or {}).values() if t is not None]
+    e0 = n_baselines + len(res.extra.get("grouped_baselines") or {})
+    start = min(grouped) if grouped else float("inf")
+    return [{"evaluations": e0, "best_s": start}] + [
+        {"evaluations": int(h["evaluations"]), "best_s": min(start, float(h["search_best_s"]))}
+        for h in res.history if isinstance(h, dict) and "evaluations" in h]
+
+
+def anneal_record(problem, budget_s: float, seed: int) -> dict:
+    """The annealer on the cell's problem: once for the wall budget (`anneal_s`), and once per EVAL_POINTS
+    count with that many evaluations as its budget (its schedule cools over the budget it is given)."""
+    from placer.baselines.anneal import anneal
+
+    wall = anneal(problem, budget_seconds=budget_s, seed=seed)
+    at = {n: anneal(problem, max_evaluations=n, seed=seed) for n in EVAL_POINTS}
+    return {"anneal_s": _num(wall.step_time),
+            "anneal_s_at_evals": {str(n): best_within(r.history, n) for n, r in at.items()},
+            "anneal": {"evaluations": int(wall.evaluations), "wall_s": float(wall.wall_s), "start": wall.start,
+                       "start_s": _num(wall.start_s), "stop_reason": wall.stop_reason,
+                       "at_evals_wall_s": {str(n): float(r.wall_s) for n, r in at.items()}}}
 
 
 def cell_record(s: CellSettings, problem, times: dict, errors: dict, res, search_wall: float,
@@ -201,7 +264,10 @@ def write_report(results: list[dict], out: Path, command: str = "") -> None:
     rows = []
     hdr = (["Model", "Single-CPU", "Single-GPU", "#GPUs"] + [h for _, h in GPU_COLUMNS] + ["RL", "Speedup"] +
            [h for _, h in EXTRA_COLUMNS] +
-           ["Policy best", "vs best baseline", "vs Expert", "Lower bound", "RL / LB", "Search (s)"])
+           ["Policy best", "vs best baseline", "vs Expert", "Lower bound", "RL / LB", "Search (s)"] +
+           ["Anneal", "Policy vs anneal"] +
+           [f"{who} @{n // 1000}k" if n % 1000 == 0 else f"{who} @{n}" for n in EVAL_POINTS
+            for who in ("Policy", "Anneal")])
     rows.append("| " + " | ".join(hdr) + " |")
     rows.append("|" + "|".join(["---"] + ["---:"] * (len(hdr) - 1)) + "|")
     for c in sorted(results, key=lambda c: (c["model"], c["gpus"], c.get("cluster") or "", c.get("precision") or "")):
@@ -216,6 +282,12 @@ def write_report(results: list[dict], out: Path, command: str = "") -> None:
         cells += [_fmt(b[k]) if k in b else "n/a" for k, _ in EXTRA_COLUMNS]
         cells += [_fmt(pol), f"{_pct(bval, pol)} ({bname})" if bname else "–", _pct(b.get("expert"), pol),
                   _fmt(lb), f"{rl / lb:.2f}" if rl and lb else "–", f"{c.get('search_wall_s', 0):.0f}"]
+        ann = c.get("anneal_s")
+        cells += [_fmt(ann) if "anneal_s" in c else "n/a", _pct(ann, pol)]
+        for n in EVAL_POINTS:
+            for key in ("policy_s_at_evals", "anneal_s_at_evals"):
+                at = c.get(key) or {}
+                cells.append(_fmt(at[str(n)]) if at.get(str(n)) is not None else "–" if key in c else "n/a")
         rows.append("| " + " | ".join(cells) + " |")
     figs = plot_figures(results, out)
     dates = sorted({c.get("date", "") for c in results if c.get("date")})
@@ -236,6 +308,12 @@ def write_report(results: list[dict], out: Path, command: str = "") -> None:
         "- Baselines: Single-CPU/GPU, Scotch, MinCut (METIS), Expert (the papers' rules), HEFT, m-TOPO, m-ETF,"
         " m-SCT (Baechi's memory-constrained list schedulers). Lower bound = the simulator's bound (max of the"
         " critical path and the per-device load); RL / LB = how far the returned placement is from it.",
+        "- Anneal = simulated annealing over the same groups from the same start (the best grouped baseline),"
+        " run for the same wall budget (`placer.baselines.anneal`); 'Policy vs anneal' compares Policy best to"
+        " it (positive = the policy is faster). Policy/Anneal @N = the best each reached within N evaluations,"
+        " counting the baselines and grouped baselines both evaluate first; the grouped start counts, the"
+        " op-level baselines do not; the annealer is run with N evaluations as its budget (`placer.bench."
+        "best_within`); – = the policy did not reach N evaluations in its budget.",
         "",
         *rows,
         "",
@@ -261,8 +339,8 @@ def plot_figures(results: list[dict], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     files = []
-    methods = [k for k, _ in PAPER_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS] + ["policy", "rl"]
-    labels = dict(PAPER_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS, policy="Policy best", rl="RL")
+    methods = [k for k, _ in PAPER_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS] + ["anneal", "policy", "rl"]
+    labels = dict(PAPER_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS, anneal="Anneal", policy="Policy best", rl="RL")
     for model in sorted({c["model"] for c in results}):
         cells = sorted([c for c in results if c["model"] == model], key=lambda c: c["gpus"])
         fig, ax = plt.subplots(figsize=(10, 4))

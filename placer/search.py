@@ -101,6 +101,7 @@ def _result(problem: PlacementProblem, res, t0: float, out: Path | None, **extra
         "source": res.source, "updates": res.updates, "stop_reason": res.stop_reason,
         "groups": problem.grouping.num_groups, "devices": problem.device_names, "cost_source": problem.cost_source,
         "baseline_errors": {**problem.baseline_errors, **res.baseline_failures},
+        "grouped_baselines": dict(res.grouped_baselines),
         "search_wall_s": res.wall_s, "total_wall_s": time.perf_counter() - t0,
         "out_dir": str(out) if out is not None else None, **extra}
     return SearchResult(placement=problem.placement(res.placement), step_time=float(res.step_time),
@@ -317,7 +318,8 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
     `quick_wall_s`, `quick_source`, `restored` and `notice`. Writes the usual files into `out_dir`, with
     "excluded" and "quick_s" in summary.json."""
     from placer.problem import build_problem, cluster_without
-    from placer.rl.reinforce import ReinforceConfig, group_majority
+    from placer.grouped import group_majority
+    from placer.rl.reinforce import ReinforceConfig
     from placer.rl.search import Search
 
     t0 = time.perf_counter()

@@ -43,6 +43,16 @@ def test_report_table_and_figures(tmp_path):
     xs, ys = _curve([{"wall_s": 0.0, "search_best_s": float("inf")}, {"wall_s": 1.0, "search_best_s": 2.0},
                      {"wall_s": 2.0, "search_best_s": 3.0}, {"wall_s": 3.0, "search_best_s": 0.5}], norm=1.0)
     assert xs.tolist() == [1.0, 2.0, 3.0] and ys.tolist() == [2.0, 2.0, 0.5]  # best so far / best baseline
+    # the annealing reference and the equal-evaluations columns: "n/a" where a cell ran without anneal
+    for col in ("Anneal", "Policy vs anneal", "Policy @1k", "Anneal @1k", "Policy @5k", "Anneal @5k"):
+        assert col in header, col
+    assert row.endswith("| n/a | – | n/a | n/a | n/a | n/a |")
+    results[0].update(anneal_s=0.75, policy_s_at_evals={"1000": 0.9, "5000": None},
+                      anneal_s_at_evals={"1000": 0.85, "5000": 0.77})
+    write_report(results, tmp_path)
+    row = next(line for line in (tmp_path / "RESULTS.md").read_text().splitlines()
+               if line.startswith("| nmt | 3 | OOM | 2 |"))
+    assert row.endswith("| 0.75 | -7.2% | 0.9 | 0.85 | – | 0.77 |")   # anneal 0.75 / policy 0.808 - 1: slower
     for f in ("bars_nmt.png", "bars_rnnlm.png", "learning_curves.png"):
         assert (tmp_path / f).stat().st_size > 1000, f
         assert f in md
@@ -112,6 +122,13 @@ def test_bench_cli_smoke(tmp_path):
         assert cell["rl_s"] == cell["search_best_s"]
     assert cell["rl_s"] >= cell["lower_bound_s"] * (1 - 1e-9) and known
     assert "| nmt |" in (out / "RESULTS.md").read_text()
+    # the annealing reference on the same problem: for the wall budget and at equal evaluations
+    assert isinstance(cell["anneal_s"], float) and cell["baselines"]["anneal"] == cell["anneal_s"]
+    assert set(cell["anneal_s_at_evals"]) == set(cell["policy_s_at_evals"]) == {"1000", "5000"}
+    start = cell["anneal"]["start_s"]
+    assert all(v is not None and v <= start for v in cell["anneal_s_at_evals"].values())
+    assert cell["anneal_s"] <= start and cell["anneal"]["stop_reason"] in ("budget", "no_moves")
+    assert all(v is None or v <= start for v in cell["policy_s_at_evals"].values())   # both start there
     # resumable: a rerun with the same settings skips the cell (same content, fast)
     before = (out / "results.json").read_text()
     r2 = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

@@ -10,6 +10,9 @@ co-location groups together and CPU-only ops on the CPU; the memory-aware ones (
 `m_topo`, `m_etf`, `m_sct`) fit each GPU's capacity under the shared memory estimate or raise PlacementError
 naming memory needed vs available; `single_*`, `random`, `round_robin` and `expert` are the fixed rules of
 the papers and leave OOM to the simulator. Each module's docstring states its rule.
+
+Not in `BASELINES`: the annealing reference `placer.baselines.anneal.anneal(problem, evaluator, ...)`, a local
+search over group placements that needs an evaluator (the bench's baseline `anneal`).
 """
 from __future__ import annotations
 

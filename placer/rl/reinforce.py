@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from placer.grouped import charged_step_times
 from placer.rl.policy import POLICY_DEVICE, PlacementPolicy
 
 
@@ -78,27 +79,6 @@ class ReinforceConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def charged_step_times(outcomes, failure_step_time: float, capacity: np.ndarray | None = None) -> np.ndarray:
-    """The step time each outcome is charged: its own when it worked; `failure_step_time` when it failed,
-    scaled by how far an OOM placement overflows its fullest device (peak / capacity ≥ 1), so the policy is
-    pushed toward placements that need less memory even while every sample still runs out of it."""
-    t = np.array([o.step_time if o.ok else failure_step_time for o in outcomes], np.float64)
-    t[~np.isfinite(t)] = failure_step_time
-    if capacity is not None:
-        cap = np.maximum(np.asarray(capacity, np.float64), 1.0)
-        for i, o in enumerate(outcomes):
-            if o.failed and o.oom and len(o.peak_memory) == len(cap):
-                t[i] = failure_step_time * max(1.0, float((np.asarray(o.peak_memory, np.float64) / cap).max()))
-    return t
-
-
-def group_majority(op_devices: np.ndarray, op_group: np.ndarray, num_groups: int, num_devices: int) -> np.ndarray:
-    """The device holding most of each group's ops (group placement closest to an op placement)."""
-    counts = np.zeros((num_groups, num_devices), np.int64)
-    np.add.at(counts, (np.asarray(op_group), np.asarray(op_devices)), 1)
-    return counts.argmax(axis=1).astype(np.int32)
 
 
 def reward_of(step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:

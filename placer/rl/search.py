@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placer.errors import SearchError, fmt_bytes
+from placer.grouped import charged_step_times, failure_reference, grouped_baselines
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class LoopResult:
     failure_step_time: float = float("nan")     # the step time charged to failed placements
     search_best_groups: np.ndarray | None = None  # group→device of the best sampled placement
     baseline_failures: dict[str, str] = field(default_factory=dict)   # name → why its evaluation failed
+    grouped_baselines: dict[str, float | None] = field(default_factory=dict)  # name → its group-level version's
+                                                # step time (None: failed), evaluated for the warm start
 
     def summary(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time, "source": self.source,
@@ -160,6 +163,7 @@ class Search:
         # search state (everything below is checkpointed)
         self.baselines: dict[str, float | None] = {}
         self.baseline_failures: dict[str, str] = {}   # name → why its evaluation failed
+        self.grouped_times: dict[str, float | None] = {}   # name → its grouped version's step time (warm start)
         self.best_time = float("inf")
         self.best_placement: np.ndarray | None = None
         self.best_source = ""
@@ -228,6 +232,7 @@ class Search:
         state = {
             "format": CHECKPOINT_FORMAT, "fingerprint": self.fingerprint, "devices": self.devices, "agent": agent,
             "baselines": self.baselines, "baseline_failures": self.baseline_failures,
+            "grouped_times": self.grouped_times,
             "baselines_done": self.baselines_done,
             "best_time": _json_num(self.best_time), "best_placement": arr("best_placement", self.best_placement),
             "best_source": self.best_source, "search_best": _json_num(self.search_best),
@@ -314,6 +319,7 @@ class Search:
         self.history = [{k: _num_json(v) for k, v in r.items()} for r in state["history"]]
         self._oom_seen = [tuple(x) for x in state.get("oom_seen", [])]
         self.baseline_failures = dict(state.get("baseline_failures", {}))
+        self.grouped_times = dict(state.get("grouped_times", {}))
         self.failure_counts = {str(k): int(v) for k, v in state.get("failure_counts", {}).items()}
         self.evaluated = int(state.get("evaluated", 0))
         self.wall_before = float(state["wall_s"])
@@ -410,16 +416,7 @@ class Search:
                 if self.baselines[n] is not None:
                     self._consider(self.baseline_placements[n], o.step_time, n)
             # reference for the failure reward: the single-device time (simulated even when it OOMs)
-            ref = None
-            for key in ("single_gpu", "single", "single_cpu"):
-                if key in names:
-                    t = outcomes[names.index(key)].step_time
-                    if np.isfinite(t):
-                        ref = float(t)
-                        break
-            if ref is None:
-                finite = [o.step_time for o in outcomes if np.isfinite(o.step_time)]
-                ref = max(finite) if finite else None
+            ref = failure_reference(names, outcomes)
             if ref is not None:
                 self.failure_step_time = self.config.failure_factor * ref
         self.baselines_done = True
@@ -428,22 +425,14 @@ class Search:
         """Imitate a baseline before learning. The policy places groups, so each working baseline is first
         turned into its group-level version (majority device per group, CPU-only groups on the CPU), those
         are evaluated in one batch, and the best that fits in memory is imitated (none fits: cold start)."""
-        from placer.rl.reinforce import charged_step_times, group_majority
-
-        D = len(self.devices)
-        names = [n for n, t in sorted(self.baselines.items(), key=lambda kv: kv[1] or np.inf)
-                 if t is not None and n in self.baseline_placements]
+        names, targets = grouped_baselines(self.baseline_placements, self.baselines, self.grouping.op_group,
+                                           self.grouping.num_groups, self.allowed)
         if not names:
             return
-        targets = []
-        for n in names:
-            t = group_majority(self.baseline_placements[n], self.grouping.op_group, self.grouping.num_groups, D)
-            bad = ~self.allowed[np.arange(len(t)), t]
-            t[bad] = self.allowed[bad].argmax(axis=1)
-            targets.append(t)
         placements = [self.grouping.expand(t, self.cpu_index) for t in targets]
         outcomes = self.evaluator.evaluate(placements)
         self.evaluations += len(placements)
+        self.grouped_times = {n: float(o.step_time) if o.ok else None for n, o in zip(names, outcomes)}
         charged = charged_step_times(outcomes, self.failure_step_time or 100.0, self.device_capacity)
         k = int(np.argmin(charged))
         for n, p, o in zip(names, placements, outcomes):
@@ -557,7 +546,8 @@ class Search:
                             stop_reason=stop_reason, devices=self.devices,
                             failure_step_time=float(self.failure_step_time or float("nan")),
                             search_best_groups=self.search_best_groups,
-                            baseline_failures=dict(self.baseline_failures))
+                            baseline_failures=dict(self.baseline_failures),
+                            grouped_baselines=dict(self.grouped_times))
 
     def _nothing_fits(self) -> SearchError:
         tried = f"{len(self.baselines)} baseline(s) and {self.evaluations - len(self.baselines)} sampled placement(s)"

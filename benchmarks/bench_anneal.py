@@ -1,0 +1,133 @@
+"""The learned policy against the annealing reference at equal evaluations (issue 13, item 1).
+
+    .venv/bin/python benchmarks/bench_anneal.py                                  # nmt4 on 4xK80, full size
+    .venv/bin/python benchmarks/bench_anneal.py --model inception_v3 --evals 1000,5000 --anneal-seeds 5
+    .venv/bin/python benchmarks/bench_anneal.py --tune '[{}, {"batch": 16}, {"block_prob": 0}]' --evals 1000 \
+        --anneal-seeds 8                                                        # annealing settings only
+
+One problem (`placer.problem.build_problem`, simulated), then:
+  * the policy's search (`placer.search.search`, default config, --seed) until it has used the largest count of
+    --evals evaluations; its best within N evaluations is read from its history (`placer.bench.policy_curve`);
+  * the annealer (`placer.baselines.anneal`, default config) run once per N with N evaluations as its budget
+    (its temperature schedule cools over the budget it is given), for --anneal-seeds seeds (seed --seed first).
+Both count every evaluation alike: the op-level baselines, their grouped versions (the shared start), then their
+own samples or moves; "best within N" is `placer.bench.best_within` for both (the grouped start counts, the
+op-level baselines do not). Step times are simulated.
+
+Prints one JSON line per N and appends them to benchmarks/results/bench_anneal.jsonl. With --tune (a JSON list of
+`AnnealConfig` overrides) only the annealer runs, once per setting, count and seed, one line per setting and
+count, appended to benchmarks/results/bench_anneal_tune.jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+RESULTS = Path(__file__).resolve().parent / "results"
+K = 16    # the policy's samples per update (ReinforceConfig.num_samples)
+
+
+def _emit(rec: dict, name: str = "bench_anneal.jsonl") -> None:
+    rec = dict(rec, date=time.strftime("%Y-%m-%d %H:%M:%S"), cores=os.cpu_count(),
+               load=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+    line = json.dumps(rec)
+    print(line, flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / name, "a") as f:
+        f.write(line + "\n")
+
+
+def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal_seeds: int,
+        policy_budget: float) -> list[dict]:
+    from placer.baselines.anneal import AnnealConfig, anneal
+    from placer.bench import best_baseline, best_within, policy_curve
+    from placer.graphs.models import build_model
+    from placer.problem import build_problem
+    from placer.search import search
+
+    t0 = time.perf_counter()
+    problem = build_problem(build_model(model, size), cluster, seed=seed)
+    build_s = time.perf_counter() - t0
+    try:
+        t0 = time.perf_counter()
+        res = search(problem, budget_seconds=policy_budget, seed=seed, max_updates=math.ceil(max(evals) / K),
+                     remeasure=False)
+        policy_wall = time.perf_counter() - t0
+        curve = policy_curve(res, len(problem.baselines))
+        ann = {n: [anneal(problem, max_evaluations=n, seed=seed + i) for i in range(anneal_seeds)] for n in evals}
+    finally:
+        problem.close()
+    bname, bval = best_baseline(res.baselines)
+    recs = []
+    for n in evals:
+        runs = ann[n]
+        vals = [best_within(r.history, n) for r in runs]
+        ok = [v for v in vals if v is not None]
+        reached = [r for r in res.history if r["evaluations"] <= n]
+        rec = {"bench": "anneal_vs_policy", "model": model, "cluster": cluster, "size": size, "evaluations": n,
+               "policy_s": best_within(curve, n), "anneal_s": vals[0],
+               "anneal_s_seeds": vals, "anneal_mean_s": statistics.mean(ok) if ok else None,
+               "start": runs[0].start, "start_s": runs[0].start_s, "start_evaluations": curve[0]["evaluations"],
+               "best_baseline": bname, "best_baseline_s": bval, "lower_bound_s": res.lower_bound,
+               "policy_wall_s_at_n": reached[-1]["wall_s"] if reached else None,
+               "anneal_wall_s": statistics.mean(r.wall_s for r in runs),
+               "policy_evaluations": res.evaluations, "policy_wall_s": policy_wall, "policy_seed": seed,
+               "anneal_seeds": [seed + i for i in range(anneal_seeds)], "problem_build_s": build_s,
+               "anneal_config": AnnealConfig().to_dict(), "simulated": True}
+        _emit(rec)
+        recs.append(rec)
+    return recs
+
+
+def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds: int, grid: list[dict]) -> None:
+    """The annealer alone, per setting of `grid` (AnnealConfig overrides), count and seed."""
+    from placer.baselines.anneal import AnnealConfig, anneal
+    from placer.graphs.models import build_model
+    from placer.problem import build_problem
+
+    problem = build_problem(build_model(model, size), cluster, seed=seed)
+    try:
+        for over in grid:
+            cfg = AnnealConfig(**over)
+            for n in evals:
+                runs = [anneal(problem, max_evaluations=n, seed=seed + i, config=cfg) for i in range(seeds)]
+                vals = [r.step_time for r in runs]
+                _emit({"bench": "anneal_tune", "model": model, "cluster": cluster, "size": size, "evaluations": n,
+                       "settings": over, "mean_s": statistics.mean(vals),
+                       "stdev_s": statistics.stdev(vals) if len(vals) > 1 else 0.0, "values_s": vals,
+                       "start": runs[0].start, "start_s": runs[0].start_s,
+                       "wall_s": statistics.mean(r.wall_s for r in runs), "config": cfg.to_dict(),
+                       "seeds": [seed + i for i in range(seeds)], "simulated": True}, "bench_anneal_tune.jsonl")
+    finally:
+        problem.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="nmt4")
+    ap.add_argument("--cluster", default="4xK80")
+    ap.add_argument("--size", default="full")
+    ap.add_argument("--evals", default="1000,5000", help="evaluation counts to compare at (comma list)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--anneal-seeds", type=int, default=5, help="annealing runs per count (seeds seed, seed+1...)")
+    ap.add_argument("--policy-budget", type=float, default=3600.0,
+                    help="wall seconds the policy may take to reach the largest count")
+    ap.add_argument("--tune", metavar="JSON", help="a list of AnnealConfig overrides: run only the annealer")
+    a = ap.parse_args(argv)
+    evals = sorted(int(x) for x in a.evals.split(",") if x.strip())
+    if a.tune:
+        tune(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), json.loads(a.tune))
+        return 0
+    run(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), a.policy_budget)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Grouped baselines: the group-level versions of op-level placements, and how failed evaluations are charged.
+Shared by the policy's warm start (`placer.rl.search`) and the annealer (`placer.baselines.anneal`), which both
+start from the best grouped baseline and count its evaluations the same way. Pure numpy, so that rl/ and
+baselines/ may both import it (rl/ imports nothing from baselines/ or sim/; baselines/ nothing from rl/).
+
+    >>> import numpy as np
+    >>> op_group = np.array([0, 0, 0, 1, 1])
+    >>> group_majority(np.array([1, 1, 0, 2, 2]), op_group, 2, 3).tolist()
+    [1, 2]
+    >>> names, targets = grouped_baselines({"a": np.array([1, 1, 0, 2, 2]), "b": np.zeros(5, int)},
+    ...                                    {"a": 2.0, "b": 1.0}, op_group, 2, np.ones((2, 3), bool))
+    >>> names, [t.tolist() for t in targets]
+    (['b', 'a'], [[0, 0], [1, 2]])
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+# the failure charge's reference: the single-device step time (simulated even when it runs out of memory)
+FAILURE_REFERENCE_BASELINES = ("single_gpu", "single", "single_cpu")
+
+
+def group_majority(op_devices: np.ndarray, op_group: np.ndarray, num_groups: int, num_devices: int) -> np.ndarray:
+    """The device holding most of each group's ops (group placement closest to an op placement)."""
+    counts = np.zeros((num_groups, num_devices), np.int64)
+    np.add.at(counts, (np.asarray(op_group), np.asarray(op_devices)), 1)
+    return counts.argmax(axis=1).astype(np.int32)
+
+
+def grouped_baselines(placements: Mapping[str, np.ndarray], times: Mapping[str, float | None],
+                      op_group: np.ndarray, num_groups: int, allowed: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
+    """The group-level version of every baseline that worked (`times[name]` not None), fastest first: the
+    majority device of each group's ops, a group whose majority device it may not use going to its first allowed
+    device. Returns (names, group→device arrays)."""
+    allowed = np.asarray(allowed, bool)
+    names = [n for n, t in sorted(times.items(), key=lambda kv: kv[1] if kv[1] is not None else np.inf)
+             if t is not None and n in placements]
+    targets = []
+    for n in names:
+        t = group_majority(placements[n], op_group, num_groups, allowed.shape[1])
+        bad = ~allowed[np.arange(len(t)), t]
+        t[bad] = allowed[bad].argmax(axis=1)
+        targets.append(t)
+    return names, targets
+
+
+def failure_reference(names: Sequence[str], outcomes: Sequence) -> float | None:
+    """The step time a failure is charged a multiple of: the single-device baseline's (simulated even when it
+    runs out of memory), else the slowest finite one among `outcomes`, else None."""
+    for key in FAILURE_REFERENCE_BASELINES:
+        if key in names:
+            t = outcomes[list(names).index(key)].step_time
+            if np.isfinite(t):
+                return float(t)
+    finite = [o.step_time for o in outcomes if np.isfinite(o.step_time)]
+    return float(max(finite)) if finite else None
+
+
+def charged_step_times(outcomes, failure_step_time: float, capacity: np.ndarray | None = None) -> np.ndarray:
+    """The step time each outcome is charged: its own when it worked; `failure_step_time` when it failed,
+    scaled by how far an OOM placement overflows its fullest device (peak / capacity ≥ 1), so a search is
+    pushed toward placements that need less memory even while every one it tries still runs out of it."""
+    t = np.array([o.step_time if o.ok else failure_step_time for o in outcomes], np.float64)
+    t[~np.isfinite(t)] = failure_step_time
+    if capacity is not None:
+        cap = np.maximum(np.asarray(capacity, np.float64), 1.0)
+        for i, o in enumerate(outcomes):
+            if o.failed and o.oom and len(o.peak_memory) == len(cap):
+                t[i] = failure_step_time * max(1.0, float((np.asarray(o.peak_memory, np.float64) / cap).max()))
+    return t

@@ -1,0 +1,178 @@
+"""The annealing reference (placer.baselines.anneal): allowed devices, memory, a known optimum, and the
+equal-evaluations accounting it shares with the policy's search."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from placer.baselines.anneal import AnnealConfig, anneal
+from placer.bench import best_within, policy_curve
+from placer.graphs.group import Grouping
+from placer.sim.evaluator import Evaluator, Outcome
+
+DEVICES = ["/GPU:0", "/GPU:1", "/GPU:2", "/CPU:0"]
+CPU = 3
+
+
+def _grouping(G: int, ops_per_group: int = 2, cpu_only=()) -> Grouping:
+    n = G * ops_per_group
+    cpu = np.zeros(G, bool)
+    cpu[list(cpu_only)] = True
+    # op_cpu_only stays False: only the allowed mask keeps CPU-only groups on the CPU here
+    return Grouping(op_group=np.repeat(np.arange(G), ops_per_group).astype(np.int32), num_groups=G,
+                    features=np.zeros((G, 1), np.float32), cpu_only=cpu, adjacency=np.zeros((G, G), np.float32),
+                    op_cpu_only=np.zeros(n, bool), group_cost=np.ones(G))
+
+
+class ToyEvaluator(Evaluator):
+    """step time = 1 + 0.1 × (ops off their target device); more than `cap` ops on one device = out of memory.
+    Records every placement it is given and the size of every batch."""
+
+    def __init__(self, target_ops: np.ndarray, cap: int = 10**9):
+        self.devices = DEVICES
+        self.target_ops = np.asarray(target_ops)
+        self.cap = cap
+        self.seen: list[np.ndarray] = []
+        self.batches: list[int] = []
+
+    def evaluate(self, placements):
+        self.batches.append(len(placements))
+        out = []
+        for p in placements:
+            p = np.asarray(p)
+            self.seen.append(p.copy())
+            t = 1.0 + 0.1 * float((p != self.target_ops).sum())
+            use = np.bincount(p, minlength=len(DEVICES)).astype(np.int64)
+            if (use > self.cap).any():
+                out.append(Outcome.failure("out of memory", oom=True, step_time=t, peak_memory=use))
+            else:
+                out.append(Outcome(step_time=t, peak_memory=use))
+        return out
+
+
+def _problem(grouping, allowed, evaluator, baselines, cap=10**9):
+    cluster = SimpleNamespace(cpu_index=CPU, devices=[SimpleNamespace(capacity_bytes=cap) for _ in DEVICES])
+    return SimpleNamespace(grouping=grouping, allowed=allowed, cluster=cluster, baselines=baselines,
+                           simulator=evaluator)
+
+
+def test_anneal_keeps_groups_on_their_allowed_devices():
+    """CPU-only groups stay on the CPU and a masked device is never used, although the toy's optimum puts
+    every group exactly there (so an annealer that ignored the mask would move them)."""
+    G = 12
+    gr = _grouping(G, cpu_only=(0, 5))
+    allowed = np.ones((G, 4), bool)
+    allowed[:, CPU] = False
+    allowed[[0, 5]] = False
+    allowed[[0, 5], CPU] = True                     # CPU-only groups
+    allowed[3:9, 1] = False                         # GPU:1 masked for groups 3..8
+    target = gr.expand(np.ones(G, int), CPU)        # the optimum ignoring the mask: everything on GPU:1
+    ev = ToyEvaluator(target)
+    start = np.where(allowed[:, CPU], CPU, 0)
+    prob = _problem(gr, allowed, ev, {"single_gpu": gr.expand(start, CPU)})
+    res = anneal(prob, max_evaluations=300, seed=0)
+    assert res.evaluations == sum(ev.batches) == 300
+    for p in ev.seen[1:] + [res.placement]:          # [0] is the op-level baseline, given as it is
+        groups = p[::2]
+        assert (p[::2] == p[1::2]).all()             # a group's ops share a device
+        assert allowed[np.arange(G), groups].all(), groups
+    assert (res.placement[[0, 1, 10, 11]] == CPU).all()
+    # ...and it did search: every group that may use GPU:1 ends there
+    free = np.flatnonzero(allowed[:, 1])
+    assert (res.group_devices[free] == 1).all() and res.step_time < res.start_s
+
+
+@pytest.mark.parametrize("baselines", ["one_fits", "none_fits"])
+def test_anneal_never_returns_an_out_of_memory_placement(baselines):
+    """The fastest placements (most groups on GPU:0) do not fit; the result must fit, also when every
+    baseline runs out of memory."""
+    G = 10
+    gr = _grouping(G)
+    allowed = np.ones((G, 4), bool)
+    allowed[:, CPU] = False
+    target = np.zeros(2 * G, int)                   # fastest: everything on GPU:0 ...
+    ev = ToyEvaluator(target, cap=8)                # ... but GPU:0 holds 8 of the 20 ops
+    base = {"single_gpu": np.zeros(2 * G, int)}     # out of memory
+    if baselines == "one_fits":
+        base["round_robin"] = np.arange(2 * G) // 2 % 3
+    prob = _problem(gr, allowed, ev, base, cap=8)
+    res = anneal(prob, max_evaluations=400, seed=1)
+    o = ev.evaluate([res.placement])[0]
+    assert o.ok and np.isfinite(res.step_time) and res.step_time == pytest.approx(o.step_time)
+    assert (np.bincount(res.placement, minlength=4) <= 8).all()
+    best_fitting = 1.0 + 0.1 * (2 * G - 8)          # 8 ops on GPU:0, the rest elsewhere
+    assert res.step_time == pytest.approx(best_fitting)
+    assert res.baselines["single_gpu"] is None
+
+
+def test_anneal_beats_its_start_and_reaches_a_known_optimum():
+    G = 16
+    gr = _grouping(G)
+    allowed = np.ones((G, 4), bool)
+    allowed[:, CPU] = False
+    rng = np.random.default_rng(3)
+    opt = rng.integers(0, 3, G)
+    ev = ToyEvaluator(gr.expand(opt, CPU))
+    prob = _problem(gr, allowed, ev, {"single_gpu": np.zeros(2 * G, int), "round_robin": np.arange(2 * G) % 3})
+    res = anneal(prob, max_evaluations=600, seed=0)
+    assert res.start in ("single_gpu", "round_robin") and res.start_s > 1.5
+    assert res.step_time == pytest.approx(1.0)        # the known optimum
+    np.testing.assert_array_equal(res.group_devices, opt)
+    bests = [h["best_s"] for h in res.history]
+    assert bests == sorted(bests, reverse=True) and res.history[-1]["evaluations"] == 600
+    # a seconds budget works too, and so does a given start
+    res2 = anneal(prob, budget_seconds=0.5, start=np.zeros(G, int), config=AnnealConfig(rule="metropolis"))
+    assert res2.stop_reason in ("budget", "no_moves") and res2.start == "given" and res2.step_time < 1.0 + 0.1 * 32
+
+
+class Counting(Evaluator):
+    """Counts what reaches the problem's simulator, batch by batch."""
+
+    def __init__(self, inner):
+        self.inner, self.devices, self.batches = inner, inner.devices, []
+
+    def evaluate(self, placements):
+        self.batches.append(len(placements))
+        return self.inner.evaluate(placements)
+
+
+def test_policy_and_anneal_count_evaluations_the_same_way():
+    """Both evaluate every op-level baseline, then the grouped version of each that worked, then their own
+    placements; `evaluations` counts all of them, and `best_within` reads both curves by the same rule."""
+    pytest.importorskip("tensorflow")
+    from placer.graphs.opgraph import OpGraph
+    from placer.problem import build_problem
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.search import search
+
+    n = 24
+    ops = [(f"op{i}", "MatMul", 2**20, 0, 1e9 * (1 + i % 5)) for i in range(n)]
+    g = OpGraph.build(ops, [(f"op{i}", f"op{i + 1}") for i in range(n - 1)] +
+                      [(f"op{i}", f"op{i + 4}") for i in range(0, n - 4, 3)])
+    problem = build_problem(g, "2xK80", max_groups=8)
+    try:
+        pol_ev = Counting(problem.simulator)
+        res = search(problem, pol_ev, budget_seconds=120, max_updates=2, remeasure=False,
+                     config=ReinforceConfig(hidden_size=16, attn_size=8))
+        ann_ev = Counting(problem.simulator)
+        ann = anneal(problem, ann_ev, max_evaluations=100)
+    finally:
+        problem.close()
+    nb = len(problem.baselines)
+    working = sum(v is not None for k, v in res.baselines.items() if k in problem.baselines)
+    assert pol_ev.batches[:2] == ann_ev.batches[:2] == [nb, working]
+    assert res.evaluations == sum(pol_ev.batches) == nb + working + 2 * 16
+    assert ann.evaluations == sum(ann_ev.batches) == 100
+    assert ann.baselines == {k: v for k, v in res.baselines.items() if k in problem.baselines}
+    assert ann.grouped_baselines == res.extra["grouped_baselines"]
+    curve = policy_curve(res, nb)
+    e0 = nb + working
+    assert curve[0]["evaluations"] == ann.history[0]["evaluations"] == e0
+    assert [r["evaluations"] for r in curve[1:]] == [e0 + 16, e0 + 32]
+    # at e0 evaluations both have exactly the shared start: the best grouped baseline
+    start = min(v for v in ann.grouped_baselines.values() if v is not None)
+    assert best_within(curve, e0) == best_within(ann.history, e0) == pytest.approx(start) == ann.start_s
+    assert best_within(curve, e0 + 32) <= start and best_within(curve, e0 + 33) is None
+    assert best_within(ann.history, 100) == pytest.approx(ann.step_time) and ann.step_time <= start
