@@ -140,13 +140,20 @@ def run_model(model: str, size: str, tasks: Path, workdir: Path, n: int, rounds:
     return rec
 
 
-def grade(model: str, size: str, graph, workdir: Path, seed: int = 0) -> dict:
-    """Simulate the kept placements with the current simulator and compare with their kept measurements."""
+def grade(model: str, size: str, graph, workdir: Path, seed: int = 0, shared_speed: float | None = None) -> dict:
+    """Simulate the kept placements with the current simulator and compare with their kept measurements.
+    shared_speed: model the tasks' cores as one compute group at that speed (see `chains.py`), in a copy of the
+    calibrated cluster.json."""
     from placer.problem import build_problem
 
     with np.load(workdir / f"fidelity_{model}_{size}.npz", allow_pickle=False) as z:
         pls, runs_arr, names = z["placements"], z["runs"], [str(x) for x in z["names"]]
         cluster_json, costs_json = str(z["cluster"]), str(z["costs"])
+    if shared_speed is not None:
+        obj = json.loads(Path(cluster_json).read_text())
+        obj["compute_groups"] = [{"devices": [d["name"] for d in obj["devices"]], "shared_speed": shared_speed}]
+        cluster_json = str(workdir / f"cluster_{model}_{size}_shared.json")
+        Path(cluster_json).write_text(json.dumps(obj, indent=1))
     problem = build_problem(graph, cluster_json, costs=costs_json, seed=seed, baselines=False)
     sim = [o.step_time if not o.failed else float("nan") for o in problem.simulator.evaluate(list(pls))]
     problem.close()
@@ -161,6 +168,7 @@ def grade(model: str, size: str, graph, workdir: Path, seed: int = 0) -> dict:
     meas_a = np.array([p["measured_s"] for p in ok])
     err = np.abs(sim_a - meas_a) / meas_a
     rec = {"model": model, "size": size, "placements": len(ok), "spearman": spearman(sim_a, meas_a),
+           "shared_speed": shared_speed,
            "median_abs_err": float(np.median(err)), "p90_abs_err": float(np.percentile(err, 90)),
            "ops": int(graph.num_ops), "measured_range_s": [float(meas_a.min()), float(meas_a.max())],
            "mean_signed_err": float(np.mean((sim_a - meas_a) / meas_a)), "failed": len(points) - len(ok),
@@ -234,6 +242,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="/tmp/placer-fidelity")
     ap.add_argument("--no-write", action="store_true", help="print only (no results files)")
+    ap.add_argument("--shared-speed", type=float,
+                    help="with --resimulate: the tasks' cores share one physical core, each at this speed when both "
+                         "are busy (chains.py measures it: speedup / 2)")
     ap.add_argument("--resimulate", action="store_true",
                     help="measure nothing: grade the current simulator on the measurements kept in --workdir")
     a = ap.parse_args(argv)
@@ -248,7 +259,7 @@ def main(argv=None) -> int:
         prev = {r["model"]: r for r in json.loads((RESULTS / "fidelity.json").read_text())} \
             if (RESULTS / "fidelity.json").exists() else {}
         for m in models:
-            rec = grade(m, a.size, build_model(m, a.size), workdir, a.seed)
+            rec = grade(m, a.size, build_model(m, a.size), workdir, a.seed, shared_speed=a.shared_speed)
             rec.update({k: prev.get(m, {}).get(k) for k in ("rounds", "runs_per_round", "wall_s")})
             records.append(rec)
         command += "  (re-graded on the measurements of the run below)" if prev else ""

@@ -233,6 +233,9 @@ def cluster_without(cluster: Cluster, exclude: Sequence[str]) -> tuple[Cluster, 
         meta["link_shared"] = shared
     if pipelined:
         meta["link_pipelined"] = pipelined
+    groups = [{"devices": [keep.index(i) for i in g["devices"] if i in keep], "shared_speed": g["shared_speed"]}
+              for g in cluster.meta.get("compute_groups") or ()]
+    meta["compute_groups"] = [g for g in groups if len(g["devices"]) >= 2]
     meta["excluded"] = [cluster.device_names[i] for i in drop]
     out = dc_replace(cluster, devices=tuple(cluster.devices[i] for i in keep),
                      bandwidth=np.asarray(cluster.bandwidth)[ix].copy(), latency=np.asarray(cluster.latency)[ix].copy(),

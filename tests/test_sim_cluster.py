@@ -213,3 +213,31 @@ def test_pipelined_link_lets_transfers_share_the_latency(tmp_path):
     assert pipe.meta["link_pipelined"] == ["0,1", "1,0"]
     again = parse_cluster(to_json(pipe, tmp_path / "again.json") and str(tmp_path / "again.json"))
     assert again.meta["link_pipelined"] == ["0,1", "1,0"]                 # written and read back
+
+
+def test_compute_group_slows_devices_that_share_a_core(tmp_path):
+    """Two tasks on one physical core (SMT siblings): while both compute, each runs at shared_speed."""
+    from placer.graphs.opgraph import OpGraph
+    from placer.problem import cluster_without
+    from placer.sim.cluster import to_json
+    from placer.sim.simulator import Simulator
+
+    devs = [{"name": f"/CPU:{i}", "kind": "cpu", "concurrency": 1} for i in range(3)]
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"devices": devs, "compute_groups": [{"devices": ["/CPU:0", "/CPU:1"],
+                                                                   "shared_speed": 0.5}]}))
+    c = parse_cluster(str(p))
+    g = OpGraph.build([("a", "X", 8), ("b", "X", 8)], [])
+    cost = np.ones((2, 3))
+    sim = Simulator(g, c, cost)
+    assert sim.simulate(np.array([0, 1])).step_time == pytest.approx(2.0)    # both busy for 1 s at half speed
+    assert sim.simulate(np.array([0, 2])).step_time == pytest.approx(1.0)    # /CPU:2 has a core of its own
+    assert sim.simulate(np.array([0, 0])).step_time == pytest.approx(2.0)    # one after the other
+    again = parse_cluster(to_json(c, tmp_path / "again.json") and str(tmp_path / "again.json"))
+    assert again.meta["compute_groups"] == [{"devices": [0, 1], "shared_speed": 0.5}]
+    survivors, _ = cluster_without(c, ["/CPU:0"])
+    assert survivors.meta["compute_groups"] == []                            # one member left: no group
+    p.write_text(json.dumps({"devices": devs, "compute_groups": [{"devices": ["/CPU:0", "/CPU:9"],
+                                                                   "shared_speed": 0.5}]}))
+    with pytest.raises(ClusterError, match="compute_groups"):
+        parse_cluster(str(p))

@@ -98,6 +98,61 @@ def _units(cluster) -> tuple[list[int], list[list[int]]]:
     return [m[0] for m in members], members
 
 
+SHARED_IF_BELOW = 0.9    # a measured shared speed below this makes the tasks one compute group
+
+
+def chains_graph(n: int = 512, length: int = 20):
+    """An OpGraph of two independent chains a_k = tanh(a_{k-1} @ W_a) and b_k likewise, and its two placements:
+    (everything on device 0, chain b and its variable on device 1)."""
+    import tensorflow as tf
+
+    from placer.graphs import load
+
+    wa = tf.Variable(tf.random.normal([n, n], stddev=1.0 / n ** 0.5, seed=1), name="wa")
+    wb = tf.Variable(tf.random.normal([n, n], stddev=1.0 / n ** 0.5, seed=2), name="wb")
+
+    @tf.function
+    def step(x, y):
+        for k in range(length):
+            with tf.name_scope(f"chain_a/{k}"):
+                x = tf.tanh(tf.matmul(x, wa))
+            with tf.name_scope(f"chain_b/{k}"):
+                y = tf.tanh(tf.matmul(y, wb))
+        return tf.reduce_sum(x) + tf.reduce_sum(y)
+
+    spec = tf.TensorSpec([n, n], tf.float32)
+    graph = load(step.get_concrete_function(spec, spec))
+    split = np.array(["chain_b" in nm or "wb" in nm for nm in graph.names], np.int64)
+    col = np.asarray(graph.colocation)
+    for g in np.unique(col):                       # a variable and its reads stay together
+        members = col == g
+        split[members] = int(np.round(split[members].mean()))
+    return graph, np.zeros(graph.num_ops, np.int64), split
+
+
+def compute_sharing(tasks, *, rounds: int = 3, runs: int = 3, timeout: float = 600.0) -> dict:
+    """How much do two tasks slow each other down when both compute? Two independent MatMul chains, both on
+    task 0 and one per task, measured in interleaved rounds. speed = one-task time / (2 x split time): 1.0 for
+    independent cores (the split runs twice as fast), 0.5 for two vCPUs that share one physical core. Returns
+    {"one_task_s", "split_s", "speedup", "shared_speed", "runs"}."""
+    import numpy as np
+
+    from placer.runtime.tfcluster import TFClusterRunner
+
+    graph, single, split = chains_graph()
+    got: list[list[float]] = [[], []]
+    with TFClusterRunner(graph, tasks, warmup=2, runs=runs, timeout=timeout) as r:
+        for k in range(rounds):
+            for i in ((0, 1) if k % 2 == 0 else (1, 0)):
+                o = r.evaluate([(single, split)[i]])[0]
+                if o.failed:
+                    raise MeasurementError(f"measuring compute sharing failed: {o.reason}")
+                got[i].extend(o.runs)
+    one, two = float(np.median(got[0])), float(np.median(got[1]))
+    return {"one_task_s": one, "split_s": two, "speedup": one / two, "shared_speed": min(1.0, one / (2.0 * two)),
+            "runs": [len(got[0]), len(got[1])]}
+
+
 def calibrate(graph, devices, out_dir: "str | os.PathLike", *, sizes: Sequence[int] = DEFAULT_SIZES,
               link_runs: int = 15, link_warmup: int = 3, profile_runs: int = 5, timeout: float = 600.0,
               progress=None) -> dict:
@@ -163,15 +218,23 @@ def calibrate(graph, devices, out_dir: "str | os.PathLike", *, sizes: Sequence[i
             if f is not None and PIPELINED_TASK_LINKS:
                 # between tasks, TF's gRPC keeps many RecvTensor calls in flight: the latency does not hold the link
                 links[i][j]["pipelined"] = True
+    sharing = None
+    if looks_like_tasks_file(devices) and len(reps) >= 2:
+        say("two MatMul chains on one task and on two (compute sharing)")
+        sharing = compute_sharing(devices, timeout=timeout)
     obj = cluster_to_dict(cluster)
     obj["name"] = f"calibrated {cluster.name}"
     obj["links"] = links
+    if sharing is not None and sharing["shared_speed"] < SHARED_IF_BELOW:
+        # the tasks' cores slow each other down (e.g. two vCPUs on one physical core): one compute group
+        obj["compute_groups"] = [{"devices": cluster.device_names, "shared_speed": sharing["shared_speed"]}]
     obj["calibration"] = {"devices": str(devices), "sizes_bytes": [int(s) for s in sizes], "runs": int(link_runs),
                           "pairs": list(raw.values()), "costs": str(costs_path.name),
-                          "tensorflow_version": runner.tf_version, "links_s": links_s, "profile_s": profile_s}
+                          "tensorflow_version": runner.tf_version, "links_s": links_s, "profile_s": profile_s,
+                          "compute_sharing": sharing}
     cluster_path = out / "cluster.json"
     cluster_path.write_text(json.dumps(obj, indent=1) + "\n")
     return {"cluster": str(cluster_path), "costs": str(costs_path), "devices": cluster.device_names,
             "concurrency": [int(x.concurrency) for x in cluster.devices],
             "links": [{k: v for k, v in r.items() if k != "times_s"} for r in raw.values()],
-            "links_s": links_s, "profile_s": profile_s}
+            "links_s": links_s, "profile_s": profile_s, "compute_sharing": sharing}

@@ -416,6 +416,9 @@ def cluster_to_dict(cluster: Cluster) -> dict:
                     for d in cluster.devices],
         "bandwidth": [[num(x) for x in row] for row in np.asarray(cluster.bandwidth, float)],
         "latency": [[float(x) for x in row] for row in np.asarray(cluster.latency, float)],
+        **({"compute_groups": [{"devices": [cluster.devices[i].name for i in g["devices"]],
+                                "shared_speed": float(g["shared_speed"])} for g in cluster.meta["compute_groups"]]}
+           if cluster.meta.get("compute_groups") else {}),
         **({"links": _links_of(cluster)} if {"link_shared", "link_pipelined"} & set(cluster.meta) else
            {"links": cluster.meta["links"]} if cluster.meta.get("links") is not None else {}),
         **({"shared_links": cluster.meta["shared_links"]} if cluster.meta.get("shared_links") is not None else {}),
@@ -497,6 +500,8 @@ def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
     if obj.get("links") is not None:        # per-pair link objects win over the plain matrices
         _read_links(c, obj["links"], source)
         c.meta["links"] = obj["links"]
+    if obj.get("compute_groups") is not None:
+        c.meta["compute_groups"] = _read_compute_groups(c, obj["compute_groups"], source)
     if obj.get("shared_links") is not None:
         sl = obj["shared_links"]
         if not isinstance(sl, dict) or not all(isinstance(v, dict) and isinstance(v.get("bandwidth_Bps"), (int, float))
@@ -539,6 +544,24 @@ def _read_links(c: Cluster, links, source: str) -> None:
         c.meta["link_shared"] = shared
     if pipelined:
         c.meta["link_pipelined"] = pipelined
+
+
+def _read_compute_groups(c: Cluster, groups, source: str) -> list[dict]:
+    """"compute_groups": [{"devices": [names], "shared_speed": s in (0, 1]}]: devices sharing one physical core
+    (each runs at s of its speed while another of the group is busy). Kept with device indices."""
+    out = []
+    names = c.device_names
+    for g in groups if isinstance(groups, list) else [groups]:
+        try:
+            idx = [names.index(str(d)) for d in g["devices"]]
+            speed = float(g["shared_speed"])
+        except (TypeError, KeyError, ValueError) as e:
+            raise ClusterError(f"{source}: \"compute_groups\" entries are {{\"devices\": [names of this cluster], "
+                               f"\"shared_speed\": float}} ({type(e).__name__}: {e})") from None
+        if not 0.0 < speed <= 1.0 or len(idx) < 2:
+            raise ClusterError(f"{source}: a compute group needs >= 2 devices and 0 < shared_speed <= 1")
+        out.append({"devices": idx, "shared_speed": speed})
+    return out
 
 
 def link_pipelined(cluster: Cluster) -> np.ndarray:

@@ -134,7 +134,7 @@ def _top_levels(w, t_start, t_cons_ptr, t_cons, c_ptr, c_succ):
 
 
 @njit(cache=True, nogil=True)
-def _simulate_kernel(dev, cost, bw, lat, hold, sh, sh_bw, conc, capacity, order_mode,
+def _simulate_kernel(dev, cost, bw, lat, hold, sh, sh_bw, grp, gslow, conc, capacity, order_mode,
                      t_start, t_op, t_bytes, t_alloc, t_cons_ptr, t_cons, in_ptr, in_tensor, c_ptr, c_succ, indeg,
                      persistent,
                      op_start, op_end, x_tensor, x_src, x_dst, x_start, x_end, busy, peak):
@@ -164,6 +164,7 @@ def _simulate_kernel(dev, cost, bw, lat, hold, sh, sh_bw, conc, capacity, order_
     link_free = np.zeros((D, D))
     sh_free = np.zeros(sh_bw.shape[0])   # shared links (a NIC, a PCIe switch): busy until, FIFO over their links
     running = np.zeros(D, np.int64)
+    overlap = np.zeros(gslow.shape[0])
     # rows 0..D-1: ready queues; row D: events (finish of op i: id i >= 0; arrival of transfer k: id -1-k).
     # At most sum(conc) ops run at once and each link has at most one arrival queued (its FIFO head).
     width = max(n + 1, int(conc.sum()) + D * D + 1)
@@ -195,7 +196,17 @@ def _simulate_kernel(dev, cost, bw, lat, hold, sh, sh_bw, conc, capacity, order_
                 _rq_push(rq1, rq2, rqn, EV, now + c, i)
         if rqn[EV] == 0:
             break
-        now = rq1[EV, 0]
+        nxt = rq1[EV, 0]
+        # devices sharing one physical core (SMT siblings, tasks on shared cores): time during which two or
+        # more of a group are busy stretches by 1/speed (first order; see compute_group_arrays)
+        for g in range(gslow.shape[0]):
+            k = 0
+            for d in range(D):
+                if grp[d] == g and running[d] > 0:
+                    k += 1
+            if k >= 2:
+                overlap[g] += nxt - now
+        now = nxt
         # apply every event at this instant
         while rqn[EV] > 0 and rq1[EV, 0] == now:
             eid = _rq_pop(rq1, rq2, rqn, EV)
@@ -290,6 +301,8 @@ def _simulate_kernel(dev, cost, bw, lat, hold, sh, sh_bw, conc, capacity, order_
                 ref[r] -= 1
                 if ref[r] == 0:
                     mem[p] -= t_alloc[t]
+    for g in range(gslow.shape[0]):
+        makespan += overlap[g] * gslow[g]
     return makespan, nx, xbytes
 
 
@@ -379,6 +392,22 @@ class _GraphArrays:
                             t_cons, in_ptr, in_tensor, c_ptr, c_succ, indeg, np.asarray(g.persistent_bytes, np.int64))
 
 
+def compute_group_arrays(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """(int64[D] compute group of each device, -1 for none; float64[G] 1/speed - 1 of each group) from the
+    cluster's "compute_groups": devices that share one physical core (SMT siblings; TF tasks on shared cores).
+    While two or more devices of a group are busy, each runs at `shared_speed` of its own speed; the simulator
+    charges this to first order: every interval in which two or more of a group are busy lasts 1/speed as long
+    (the schedule itself is the unshared one)."""
+    D = cluster.num_devices
+    grp = np.full(D, -1, np.int64)
+    slow = []
+    for g, cg in enumerate(cluster.meta.get("compute_groups") or ()):
+        for d in cg["devices"]:
+            grp[int(d)] = g
+        slow.append(1.0 / float(cg["shared_speed"]) - 1.0)
+    return grp, np.asarray(slow, np.float64).reshape(-1)
+
+
 def shared_link_arrays(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     """(D x D int64 index of the shared link each link i->j crosses, -1 for none; bytes/s of each shared link)
     from the cluster's per-link "shared" names (`meta["link_shared"]`) and "shared_links". A name that
@@ -447,6 +476,7 @@ class Simulator:
         self.bw = np.ascontiguousarray(cluster.bandwidth, np.float64)
         self.lat = np.ascontiguousarray(cluster.latency, np.float64)
         self.hold = np.ascontiguousarray(1.0 - link_pipelined(cluster), np.float64)
+        self.grp, self.gslow = compute_group_arrays(cluster)
         self.sh, self.sh_bw = shared_link_arrays(cluster)
         self.conc = np.asarray([max(1, int(d.concurrency)) for d in cluster.devices], np.int64)
         self.capacity = np.asarray([d.capacity_bytes for d in cluster.devices], np.int64)
@@ -497,7 +527,8 @@ class Simulator:
         busy = np.zeros(D)
         peak = np.zeros(D, np.int64)
         step, nx, xbytes = _simulate_kernel(
-            p, self.cost, self.bw, self.lat, self.hold, self.sh, self.sh_bw, self.conc, self.capacity, ORDERS[self.order],
+            p, self.cost, self.bw, self.lat, self.hold, self.sh, self.sh_bw, self.grp, self.gslow, self.conc,
+            self.capacity, ORDERS[self.order],
             a.t_start, a.t_op, a.t_bytes, a.t_alloc, a.t_cons_ptr, a.t_cons, a.in_ptr, a.in_tensor, a.c_ptr, a.c_succ,
             a.indeg, a.persistent,
             op_start, op_end, x_tensor, x_src, x_dst, x_start, x_end, busy, peak)
