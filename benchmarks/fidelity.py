@@ -149,6 +149,9 @@ def grade(model: str, size: str, graph, workdir: Path, seed: int = 0, shared_spe
     with np.load(workdir / f"fidelity_{model}_{size}.npz", allow_pickle=False) as z:
         pls, runs_arr, names = z["placements"], z["runs"], [str(x) for x in z["names"]]
         cluster_json, costs_json = str(z["cluster"]), str(z["costs"])
+    if not Path(cluster_json).exists():      # measurements moved (e.g. results/fidelity_data): files beside them
+        cluster_json = str(workdir / f"calib_{model}_{size}" / "cluster.json")
+        costs_json = str(workdir / f"calib_{model}_{size}" / "costs.json")
     if shared_speed is not None:
         obj = json.loads(Path(cluster_json).read_text())
         obj["compute_groups"] = [{"devices": [d["name"] for d in obj["devices"]], "shared_speed": shared_speed}]
@@ -207,7 +210,7 @@ def plot(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def section(records: list[dict], command: str, started: str, mach: str) -> str:
+def table(records: list[dict]) -> list[str]:
     rows = ["| model | size | ops | placements | measured range (ms) | Spearman ρ | median \\|err\\| | p90 \\|err\\| "
             "| mean signed err | target ρ ≥ 0.9, median ≤ 15% |", "|---|---|---:|---:|---|---:|---:|---:|---:|---|"]
     for r in records:
@@ -216,6 +219,17 @@ def section(records: list[dict], command: str, started: str, mach: str) -> str:
         rows.append(f"| {r['model']} | {r['size']} | {r['ops']:,} | {r['placements']} | {lo * 1e3:.1f}–{hi * 1e3:.1f} "
                     f"| {r['spearman']:.3f} | {r['median_abs_err']:.1%} | {r['p90_abs_err']:.1%} "
                     f"| {r['mean_signed_err']:+.1%} | {'met' if met else 'MISSED'} |")
+    return rows
+
+
+def section(records: list[dict], command: str, started: str, mach: str, base: list[dict] | None = None,
+            note: str = "") -> str:
+    shared = records[0].get("shared_speed") if records else None
+    extra = []
+    if base:
+        extra = ["", "The same measurements graded by the simulator without the compute group (calibrated costs "
+                 "and links only; the cluster.json `placer calibrate` wrote before it measured compute sharing):",
+                 "", *table(base)]
     return "\n".join([
         "## Simulator vs real (measured on a 2-task TF cluster of this machine)",
         "",
@@ -224,9 +238,14 @@ def section(records: list[dict], command: str, started: str, mach: str) -> str:
         "same cluster: per-op costs profiled on task 0, per-pair link latency/bandwidth from a ping-pong) against "
         "the median of its measured runs on two `tf.distribute.Server` tasks pinned to one core each (measured, "
         "runs of all placements interleaved). Errors are |simulated − measured| / measured. "
-        "Scatter: `results/fidelity.png`; every point: `results/fidelity.json`.",
+        "Scatter: `results/fidelity.png`; every point: `results/fidelity.json`." + (f" {note}" if note else "")
+        + (f" The tasks' two cores are one compute group at shared speed {shared:.3f} (two MatMul chains: "
+           f"`benchmarks/chains.py`, the measurement `placer calibrate` makes): this VM's two vCPUs slow each "
+           f"other down, so a placement split over them gains far less than two independent cores would give."
+           if shared else ""),
         "",
-        *rows,
+        *table(records),
+        *extra,
         "",
         "![fidelity](results/fidelity.png)",
     ])
@@ -242,27 +261,36 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="/tmp/placer-fidelity")
     ap.add_argument("--no-write", action="store_true", help="print only (no results files)")
-    ap.add_argument("--shared-speed", type=float,
+    ap.add_argument("--note", default="", help="a sentence added to the RESULTS.md section (e.g. when the kept "
+                                               "measurements were taken)")
+    ap.add_argument("--shared-speed",
                     help="with --resimulate: the tasks' cores share one physical core, each at this speed when both "
-                         "are busy (chains.py measures it: speedup / 2)")
+                         "are busy; a number, or `chains` for the last record of results/chains.jsonl "
+                         "(`benchmarks/chains.py`, the measurement `placer calibrate` makes: speedup / 2)")
     ap.add_argument("--resimulate", action="store_true",
-                    help="measure nothing: grade the current simulator on the measurements kept in --workdir")
+                    help="measure nothing: grade the current simulator on the measurements kept in --workdir "
+                         "(those of the published run: benchmarks/results/fidelity_data)")
     a = ap.parse_args(argv)
     started, mach = now(), machine()
     command = "python benchmarks/fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    records = []
+    records, base = [], []
     workdir = Path(a.workdir)
     models = [x.strip() for x in a.models.split(",") if x.strip()]
+    if a.shared_speed == "chains":
+        rec = json.loads((RESULTS / "chains.jsonl").read_text().strip().splitlines()[-1])
+        a.shared_speed = min(1.0, rec["one_task_s"] / (2.0 * rec["split_s"]))
+        print(f"shared speed {a.shared_speed:.4f} from chains.py of {rec['date']}")
+    elif a.shared_speed is not None:
+        a.shared_speed = float(a.shared_speed)
     if a.resimulate:
         from placer.graphs.models import build_model
 
-        prev = {r["model"]: r for r in json.loads((RESULTS / "fidelity.json").read_text())} \
-            if (RESULTS / "fidelity.json").exists() else {}
         for m in models:
-            rec = grade(m, a.size, build_model(m, a.size), workdir, a.seed, shared_speed=a.shared_speed)
-            rec.update({k: prev.get(m, {}).get(k) for k in ("rounds", "runs_per_round", "wall_s")})
+            graph = build_model(m, a.size)
+            rec = grade(m, a.size, graph, workdir, a.seed, shared_speed=a.shared_speed)
+            if a.shared_speed is not None:
+                base.append(grade(m, a.size, graph, workdir, a.seed))
             records.append(rec)
-        command += "  (re-graded on the measurements of the run below)" if prev else ""
     else:
         with tf_cluster(workdir) as tasks:
             for m in models:
@@ -272,7 +300,7 @@ def main(argv=None) -> int:
     out = [{k: v for k, v in r.items()} for r in records]
     write_json(RESULTS / "fidelity.json", out)
     plot(records, RESULTS / "fidelity.png")
-    write_section("fidelity", section(records, command.strip(), started, mach))
+    write_section("fidelity", section(records, command.strip(), started, mach, base=base, note=a.note))
     print(f"wrote {RESULTS / 'fidelity.json'}, {RESULTS / 'fidelity.png'} and RESULTS.md")
     return 0
 
