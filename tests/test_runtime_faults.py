@@ -143,6 +143,7 @@ def test_restarted_worker_is_rechecked_and_rejoins(graph):
         stop_worker(pb)
 
 
+@pytest.mark.slow     # ~15-55 s: a hang is cut by a deadline (make test-slow)
 def test_hung_worker_is_cut_by_the_heartbeat_and_its_placements_go_elsewhere(graph):
     """SIGSTOP of one of two workers mid-batch (a hang): the health heartbeat cuts it within seconds, not at the
     RPC deadline, and the other worker measures every placement."""

@@ -254,6 +254,7 @@ def test_device_not_in_the_cluster_is_an_error(tasks, mlp, tmp_path, capsys):
         pl.to_indices(g, tasks.devices)
 
 
+@pytest.mark.slow     # ~15-55 s: a hang is cut by a deadline (make test-slow)
 def test_hang_is_cut_and_the_tasks_measure_again(tasks, mlp):
     from runtime_util import hang_graph
 
