@@ -294,7 +294,7 @@ class LocalRunner(Evaluator):
     def check_devices(self) -> "LocalRunner":
         """Start TensorFlow now and refuse (MeasurementError, one line: the missing devices and the fix) when it
         does not have every device of `devices`, before any measurement."""
-        from placer.runtime.remote import missing_devices_message
+        from placer.runtime.devices import missing_devices_message
 
         with self._lock:
             child = self._ensure_child()

@@ -35,6 +35,7 @@ import numpy as np
 
 from placer.errors import ClusterError, MeasurementError
 from placer.runtime.devices import parse_devices
+from placer.runtime.devices import devices_flag, missing_devices_message  # noqa: F401
 from placer.runtime.worker import MAX_MESSAGE_BYTES, TOKEN_KEY, blob_fingerprint, grpc_options
 from placer.sim.evaluator import Evaluator, Outcome
 
@@ -62,36 +63,6 @@ class WorkerFailed(Exception):
 
 class DeviceMismatch(MeasurementError, ClusterError):
     """A worker lacks devices the measurements need (refused when the pool connects, and when a worker rejoins)."""
-
-
-def devices_flag(names: Sequence[str]) -> str:
-    """The `--devices` value that gives a worker (or this machine) every device of `names`: `cpu:N` for CPUs
-    only, else the comma list.
-
-    >>> devices_flag(["/CPU:1", "/CPU:0"])
-    'cpu:2'
-    """
-    import re
-
-    ks = [re.fullmatch(r"/(?:device:)?CPU:(\d+)", n, re.I) for n in names]
-    if names and all(ks):
-        return f"cpu:{max(int(k.group(1)) for k in ks) + 1}"
-    return ",".join(names)
-
-
-def missing_devices_message(where: str, need: Sequence[str], have: Sequence[str]) -> str | None:
-    """One line naming `where`, the devices of `need` missing from `have`, and the fix; None when none is."""
-    from placer.sim.cluster import short_device_name
-
-    have_short = {short_device_name(x) for x in have}
-    missing = [n for n in need if short_device_name(n) not in have_short]
-    if not missing:
-        return None
-    fix = f"start it with --devices {devices_flag([short_device_name(n) for n in need])}"
-    if any("GPU" in m.upper() for m in missing):
-        fix += " on a host whose TensorFlow sees those GPUs"
-    return (f"{where} has no device {', '.join(missing)} (it reports: {', '.join(sorted(have_short)) or 'none'}): "
-            f"{fix}")
 
 
 class RemotePool(Evaluator):
