@@ -163,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, default=600.0, help="search seconds per cell")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--no-anneal", action="store_true",
+                   help="skip the annealing reference per cell (anneal_s, policy_s_at_evals, anneal_s_at_evals)")
     p.add_argument("--no-progress", action="store_true")
 
     p = sub.add_parser("demo", help="a short real search on an embedded default (NMT on 4 simulated K80s)")
