@@ -140,26 +140,87 @@ def run_model(model: str, size: str, tasks: Path, workdir: Path, n: int, rounds:
     return rec
 
 
-def grade(model: str, size: str, graph, workdir: Path, seed: int = 0, shared_speed: float | None = None) -> dict:
-    """Simulate the kept placements with the current simulator and compare with their kept measurements.
-    shared_speed: model the tasks' cores as one compute group at that speed (see `chains.py`), in a copy of the
-    calibrated cluster.json."""
-    from placer.problem import build_problem
-
+def _kept(model: str, size: str, workdir: Path):
+    """The kept measurements: placements, runs, names, cluster JSON object, costs path."""
     with np.load(workdir / f"fidelity_{model}_{size}.npz", allow_pickle=False) as z:
         pls, runs_arr, names = z["placements"], z["runs"], [str(x) for x in z["names"]]
         cluster_json, costs_json = str(z["cluster"]), str(z["costs"])
     if not Path(cluster_json).exists():      # measurements moved (e.g. results/fidelity_data): files beside them
         cluster_json = str(workdir / f"calib_{model}_{size}" / "cluster.json")
         costs_json = str(workdir / f"calib_{model}_{size}" / "costs.json")
-    if shared_speed is not None:
-        obj = json.loads(Path(cluster_json).read_text())
-        obj["compute_groups"] = [{"devices": [d["name"] for d in obj["devices"]], "shared_speed": shared_speed}]
-        cluster_json = str(workdir / f"cluster_{model}_{size}_shared.json")
+    return pls, runs_arr, names, json.loads(Path(cluster_json).read_text()), costs_json, cluster_json
+
+
+def _measured(runs_arr) -> np.ndarray:
+    return np.array([np.median(r[np.isfinite(r)]) if np.isfinite(r).any() else np.nan for r in runs_arr])
+
+
+def grade(model: str, size: str, graph, workdir: Path, seed: int = 0, shared_speed: float | None = None,
+          cpu_copy: float = 0.0) -> dict:
+    """Simulate the kept placements with the current simulator and compare with their kept measurements.
+    shared_speed: model the tasks' cores as one compute group at that speed (see `chains.py`); cpu_copy: the
+    fraction of each transfer's byte time both tasks' cores spend copying (links "cpu_copy"); both written into
+    a copy of the calibrated cluster.json."""
+    from placer.sim.cluster import cluster_from_dict
+    from placer.sim.costs import CostTable
+    from placer.sim.fit import with_machine
+    from placer.sim.simulator import Simulator
+
+    pls, runs_arr, names, cluster_obj, costs_json, cluster_json = _kept(model, size, workdir)
+    obj = with_machine(cluster_obj, shared_speed if shared_speed is not None else 1.0, cpu_copy)
+    simulator = Simulator(graph, cluster_from_dict(obj, cluster_json), CostTable.load(costs_json, graph))
+    sim = np.array([simulator.simulate(p).step_time for p in pls], float)
+    if shared_speed is not None or cpu_copy:
+        tag = ("_shared" if shared_speed is not None else "") + ("_copy" if cpu_copy else "")
+        cluster_json = str(workdir / f"cluster_{model}_{size}{tag}.json")
         Path(cluster_json).write_text(json.dumps(obj, indent=1))
-    problem = build_problem(graph, cluster_json, costs=costs_json, seed=seed, baselines=False)
-    sim = [o.step_time if not o.failed else float("nan") for o in problem.simulator.evaluate(list(pls))]
-    problem.close()
+    return _record(model, size, graph, names, runs_arr, sim,
+                   {"shared_speed": shared_speed, "cpu_copy": float(cpu_copy), "machine": "given",
+                    "cluster": cluster_json})
+
+
+def grade_fitted(models: list[str], size: str, graphs: dict, workdir: Path, how: str, seed: int = 0) -> list[dict]:
+    """Grade each model with the machine parameters (shared speed, cpu_copy) fitted to OTHER measurements
+    (`placer.sim.fit`): `how="models"`: fitted to the other models' placements (leave one model out: the two
+    figures are the machine's, not a model's); `how="halves"`: fitted to half of this model's placements,
+    each half graded by the fit to the other (2-fold, split by `seed`). Nothing is graded by a fit it was in."""
+    from placer.sim.costs import CostTable
+    from placer.sim.fit import pick, simulate_grid
+
+    data = {}
+    for m in models:
+        pls, runs_arr, names, cluster_obj, costs_json, cluster_json = _kept(m, size, workdir)
+        grid = simulate_grid(graphs[m], cluster_obj, CostTable.load(costs_json, graphs[m]), list(pls))
+        data[m] = (grid, _measured(runs_arr), runs_arr, names, cluster_json)
+    out = []
+    for m in models:
+        grid, meas, runs_arr, names, cluster_json = data[m]
+        sim, folds = np.full(len(meas), np.nan), []
+        if how == "models":
+            others = [k for k in models if k != m]
+            if not others:
+                raise SystemExit("--fit models needs at least two models")
+            ss, cc, sc = pick([data[k][0] for k in others], [data[k][1] for k in others])
+            sim = grid[(ss, cc)]
+            folds.append({"fitted_on": others, "shared_speed": ss, "cpu_copy": cc, "fit_median_abs_log_err": sc})
+        else:
+            perm = np.random.default_rng(seed).permutation(len(meas))
+            halves = [np.sort(perm[::2]), np.sort(perm[1::2])]
+            for k, test in enumerate(halves):
+                train = np.full(len(meas), np.nan)
+                train[halves[1 - k]] = meas[halves[1 - k]]
+                ss, cc, sc = pick([grid], [train])
+                sim[test] = grid[(ss, cc)][test]
+                folds.append({"fitted_on": [names[i] for i in halves[1 - k]], "shared_speed": ss, "cpu_copy": cc,
+                              "fit_median_abs_log_err": sc})
+        out.append(_record(m, size, graphs[m], names, runs_arr, sim,
+                           {"shared_speed": None, "cpu_copy": None, "folds": folds,
+                            "machine": "fitted to the other models" if how == "models" else "fitted, 2-fold",
+                            "cluster": f"{cluster_json} (+ shared_speed and cpu_copy as fitted)"}))
+    return out
+
+
+def _record(model, size, graph, names, runs_arr, sim, extra: dict) -> dict:
     points = []
     for name, s, row in zip(names, sim, runs_arr):
         g = row[np.isfinite(row)]
@@ -171,14 +232,15 @@ def grade(model: str, size: str, graph, workdir: Path, seed: int = 0, shared_spe
     meas_a = np.array([p["measured_s"] for p in ok])
     err = np.abs(sim_a - meas_a) / meas_a
     rec = {"model": model, "size": size, "placements": len(ok), "spearman": spearman(sim_a, meas_a),
-           "shared_speed": shared_speed,
            "median_abs_err": float(np.median(err)), "p90_abs_err": float(np.percentile(err, 90)),
            "ops": int(graph.num_ops), "measured_range_s": [float(meas_a.min()), float(meas_a.max())],
            "mean_signed_err": float(np.mean((sim_a - meas_a) / meas_a)), "failed": len(points) - len(ok),
-           "cluster": cluster_json, "points": points}
+           **extra, "points": points}
+    how = ("  [" + "; ".join(f"ss {f['shared_speed']:.2f} cc {f['cpu_copy']:.2f} from {len(f['fitted_on'])}"
+                             for f in extra["folds"]) + "]") if extra.get("folds") else ""
     print(f"{model}: {len(ok)} placements, spearman {rec['spearman']:.3f}, median |err| "
           f"{rec['median_abs_err']:.1%}, p90 {rec['p90_abs_err']:.1%}, mean signed {rec['mean_signed_err']:+.1%}, "
-          f"measured {meas_a.min() * 1e3:.1f}-{meas_a.max() * 1e3:.1f} ms", flush=True)
+          f"measured {meas_a.min() * 1e3:.1f}-{meas_a.max() * 1e3:.1f} ms{how}", flush=True)
     return rec
 
 
@@ -225,11 +287,30 @@ def table(records: list[dict]) -> list[str]:
 def section(records: list[dict], command: str, started: str, mach: str, base: list[dict] | None = None,
             note: str = "") -> str:
     shared = records[0].get("shared_speed") if records else None
+    fitted = bool(records) and str(records[0].get("machine", "")).startswith("fitted")
     extra = []
-    if base:
+    if base and fitted:
+        bs = base[0].get("shared_speed")
+        extra = ["", "The same measurements graded with the machine as `placer calibrate` measures it (per-op costs, "
+                 "links" + (f", one compute group at the MatMul chains' shared speed {bs:.3f}" if bs else "") +
+                 ", no copy work):", "", *table(base)]
+    elif base:
         extra = ["", "The same measurements graded by the simulator without the compute group (calibrated costs "
                  "and links only; the cluster.json `placer calibrate` wrote before it measured compute sharing):",
                  "", *table(base)]
+    fit_text = ""
+    if fitted:
+        fits = "; ".join(f"{r['model']}: " + ", ".join(f"shared speed {f['shared_speed']:.2f}, cpu_copy "
+                                                          f"{f['cpu_copy']:.2f} (fitted on {', '.join(f['fitted_on'])})"
+                                                          if records[0]["machine"] == "fitted to the other models"
+                                                          else f"shared speed {f['shared_speed']:.2f}, cpu_copy "
+                                                               f"{f['cpu_copy']:.2f}" for f in r["folds"])
+                         for r in records)
+        fit_text = (" Two machine figures are not taken from micro-benchmarks but fitted (`placer.sim.fit`, the "
+                    "median |log(simulated / measured)|) to measured placements other than those graded ("
+                    f"{records[0]['machine']}): the tasks' shared speed when both compute, and the fraction of a "
+                    "transfer's byte time both tasks' cores spend on its gRPC copy (links `cpu_copy`). "
+                    f"Fitted: {fits}.")
     return "\n".join([
         "## Simulator vs real (measured on a 2-task TF cluster of this machine)",
         "",
@@ -242,7 +323,7 @@ def section(records: list[dict], command: str, started: str, mach: str, base: li
         + (f" The tasks' two cores are one compute group at shared speed {shared:.3f} (two MatMul chains: "
            f"`benchmarks/chains.py`, the measurement `placer calibrate` makes): this VM's two vCPUs slow each "
            f"other down, so a placement split over them gains far less than two independent cores would give."
-           if shared else ""),
+           if shared else "") + fit_text,
         "",
         *table(records),
         *extra,
@@ -267,6 +348,13 @@ def main(argv=None) -> int:
                     help="with --resimulate: the tasks' cores share one physical core, each at this speed when both "
                          "are busy; a number, or `chains` for the last record of results/chains.jsonl "
                          "(`benchmarks/chains.py`, the measurement `placer calibrate` makes: speedup / 2)")
+    ap.add_argument("--cpu-copy", type=float, default=0.0,
+                    help="with --resimulate: the fraction of each transfer's byte time both tasks' cores spend on "
+                         "its gRPC copy (links \"cpu_copy\")")
+    ap.add_argument("--fit", choices=["models", "halves"],
+                    help="with --resimulate: grade with shared speed and cpu_copy fitted (placer.sim.fit) to other "
+                         "measurements: `models` to the other models' placements, `halves` to the other half of "
+                         "this model's (2-fold); the given calibration is graded beside it")
     ap.add_argument("--resimulate", action="store_true",
                     help="measure nothing: grade the current simulator on the measurements kept in --workdir "
                          "(those of the published run: benchmarks/results/fidelity_data)")
@@ -285,10 +373,15 @@ def main(argv=None) -> int:
     if a.resimulate:
         from placer.graphs.models import build_model
 
-        for m in models:
-            graph = build_model(m, a.size)
-            rec = grade(m, a.size, graph, workdir, a.seed, shared_speed=a.shared_speed)
-            if a.shared_speed is not None:
+        graphs = {m: build_model(m, a.size) for m in models}
+        if a.fit:
+            records = grade_fitted(models, a.size, graphs, workdir, a.fit, a.seed)
+            base = [grade(m, a.size, graphs[m], workdir, a.seed, shared_speed=a.shared_speed, cpu_copy=a.cpu_copy)
+                    for m in models]
+        for m in models if not a.fit else ():
+            graph = graphs[m]
+            rec = grade(m, a.size, graph, workdir, a.seed, shared_speed=a.shared_speed, cpu_copy=a.cpu_copy)
+            if a.shared_speed is not None or a.cpu_copy:
                 base.append(grade(m, a.size, graph, workdir, a.seed))
             records.append(rec)
     else:

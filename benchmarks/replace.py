@@ -1,9 +1,9 @@
 """Re-placement after device loss (issue 15), simulated: how good, and how fast, is `placer replace`?
 
-    .venv/bin/python benchmarks/replace.py                    # nmt4 and inception_v3 on 4xK80 minus /GPU:3
+    .venv/bin/python benchmarks/replace.py      # nmt4, inception_v3 on 4xK80 minus /GPU:3; gpt fp16 on DGX1 minus 1, 2
     .venv/bin/python benchmarks/replace.py --cells nmt4:4xK80:/GPU:3 --run-budget 300 --budget 60 --fresh-budget 300
 
-For each cell (model : cluster : lost devices): a search on the whole cluster (`--run-budget`, the run that then
+For each cell (model[@precision] : cluster : lost devices): a search on the whole cluster (`--run-budget`, the run that then
 loses devices), then on the survivors: `placer.replace` (quick answer, then `--budget` seconds from the run's
 policy), a fresh search of `--fresh-budget` seconds and a cold search of `--budget` seconds. Writes
 results/replace.json (one object per cell: model, cluster, excluded, quick_s, quick_wall_s, replace_s, fresh_s,
@@ -29,20 +29,21 @@ def curve(res) -> list[list[float]]:
     return [[round(float(r["wall_s"]), 2), float(r["best_s"])] for r in res.history]
 
 
-def run_cell(model: str, cluster: str, excluded: list[str], a, workdir: Path) -> dict:
+def run_cell(model: str, cluster: str, excluded: list[str], a, workdir: Path, precision: str = "fp32") -> dict:
     from placer.graphs.models import build_model
     from placer.problem import build_problem, cluster_without
     from placer.search import replace, search
 
-    graph = build_model(model, a.size)
-    run_dir = workdir / f"{model}_{cluster}"
+    graph = build_model(model, a.size, precision=precision)
+    tag = f"{model}{'' if precision == 'fp32' else '_' + precision}_{cluster}"
+    run_dir = workdir / tag      # one run per model and cluster: every cell losing devices of it starts from it
     if not (run_dir / "summary.json").exists():
         p = build_problem(graph, cluster, seed=a.seed)
         search(p, budget_seconds=a.run_budget, seed=a.seed, out_dir=run_dir, model_name=model)
         p.close()
     t0 = time.perf_counter()
-    rep = replace(run_dir, excluded, budget_seconds=a.budget, out_dir=workdir / f"{model}_{cluster}_replace",
-                  seed=a.seed)
+    rep = replace(run_dir, excluded, budget_seconds=a.budget,
+                  out_dir=workdir / f"{tag}_replace_{len(excluded)}", seed=a.seed)
     rep_wall = time.perf_counter() - t0
     survivors, _ = cluster_without(build_problem(graph, cluster, baselines=False).cluster, excluded)
     out = {}
@@ -52,7 +53,8 @@ def run_cell(model: str, cluster: str, excluded: list[str], a, workdir: Path) ->
         res = search(p, budget_seconds=budget, seed=a.seed)
         out[name] = (res, time.perf_counter() - t0)
         p.close()
-    rec = {"model": model, "cluster": cluster, "excluded": excluded, "quick_s": rep.extra["quick_s"],
+    rec = {"model": model, "cluster": cluster, "precision": precision, "excluded": excluded,
+           "quick_s": rep.extra["quick_s"],
            "quick_wall_s": rep.extra["quick_wall_s"], "replace_s": rep.step_time, "fresh_s": out["fresh"][0].step_time,
            "cold_s": out["cold"][0].step_time,
            # extras
@@ -71,7 +73,8 @@ def section(records: list[dict], command: str, started: str, mach: str) -> str:
     rows = ["| model | cluster | lost | quick answer (s) | quick wall (s) | 60 s re-placement (s) | 300 s fresh (s) "
             "| 60 s cold (s) | re-placement vs fresh | beats quick | beats cold |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in records:
-        rows.append(f"| {r['model']} | {r['cluster']} | {', '.join(r['excluded'])} | {r['quick_s']:.4g} | "
+        prec = "" if r.get("precision", "fp32") == "fp32" else f" ({r['precision']})"
+        rows.append(f"| {r['model']}{prec} | {r['cluster']} | {', '.join(r['excluded'])} | {r['quick_s']:.4g} | "
                     f"{r['quick_wall_s']:.1f} | {r['replace_s']:.4g} | {r['fresh_s']:.4g} | {r['cold_s']:.4g} | "
                     f"{r['replace_s'] / r['fresh_s'] - 1:+.1%} | {'yes' if r['replace_s'] < r['quick_s'] else 'no'} | "
                     f"{'yes' if r['replace_s'] < r['cold_s'] else 'no'} |")
@@ -89,8 +92,9 @@ def section(records: list[dict], command: str, started: str, mach: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cells", default="nmt4:4xK80:/GPU:3,inception_v3:4xK80:/GPU:3",
-                    help="comma list of MODEL:CLUSTER:DEV[+DEV...]")
+    ap.add_argument("--cells", default="nmt4:4xK80:/GPU:3,inception_v3:4xK80:/GPU:3,gpt@fp16:DGX1:/GPU:7,"
+                                       "gpt@fp16:DGX1:/GPU:6+/GPU:7",
+                    help="comma list of MODEL[@PRECISION]:CLUSTER:DEV[+DEV...]")
     ap.add_argument("--size", default="full")
     ap.add_argument("--run-budget", type=float, default=300.0)
     ap.add_argument("--budget", type=float, default=60.0)
@@ -104,7 +108,8 @@ def main(argv=None) -> int:
     records = []
     for cell in [c for c in a.cells.split(",") if c.strip()]:
         model, cluster, lost = cell.split(":", 2)
-        records.append(run_cell(model, cluster, lost.split("+"), a, Path(a.workdir)))
+        model, _, precision = model.partition("@")
+        records.append(run_cell(model, cluster, lost.split("+"), a, Path(a.workdir), precision or "fp32"))
     if not a.no_write:
         write_json(RESULTS / "replace.json", records)
         write_section("replace", section(records, command.strip(), started, mach))

@@ -16,7 +16,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from placer._version import __version__
-from placer.errors import PlacementError
+from placer import devnames
+from placer.errors import ClusterError, PlacementError
 from placer.graphs.opgraph import OpGraph
 
 PLACEMENT_FORMAT = 1
@@ -165,12 +166,12 @@ class Placement:
 
 
 def _canon(device: str) -> str:
-    """Canonical short device spelling: '/device:GPU:0' and '/gpu:0' both → '/GPU:0'."""
-    d = device.strip()
-    m = re.fullmatch(r"/(?:device:)?([A-Za-z_]+):(\d+)", d)
-    if m:
-        return f"/{m.group(1).upper()}:{m.group(2)}"
-    return d
+    """Canonical device spelling: '/device:GPU:0' and '/gpu:0' both → '/GPU:0'; a string that is no device name
+    (a user's placement file may hold one) is kept as given, for the caller to report."""
+    try:
+        return devnames.canonical(device)
+    except ClusterError:
+        return device.strip()
 
 
 _SUFFIX = re.compile(r"_\d+(?=/|$)")

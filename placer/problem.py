@@ -221,18 +221,19 @@ def cluster_without(cluster: Cluster, exclude: Sequence[str]) -> tuple[Cluster, 
         raise ClusterError(f"excluding {', '.join(exclude)} leaves no accelerator of cluster {cluster.name!r} "
                            f"({', '.join(cluster.device_names)})")
     ix = np.ix_(keep, keep)
-    meta = {k: v for k, v in cluster.meta.items() if k not in ("link_shared", "link_pipelined", "links")}
+    meta = {k: v for k, v in cluster.meta.items() if k not in ("link_shared", "link_pipelined", "link_cpu_copy", "links")}
 
     def kept(key: str) -> str | None:     # "i,j" of the old cluster → of the survivors (None: a link lost)
         i, j = (int(x) for x in key.split(","))
         return f"{keep.index(i)},{keep.index(j)}" if i in keep and j in keep else None
 
     shared = {kept(k): v for k, v in cluster.meta.get("link_shared", {}).items() if kept(k)}
-    pipelined = [kept(k) for k in cluster.meta.get("link_pipelined", ()) if kept(k)]
     if shared:
         meta["link_shared"] = shared
-    if pipelined:
-        meta["link_pipelined"] = pipelined
+    for flag in ("link_pipelined", "link_cpu_copy"):
+        links = [kept(k) for k in cluster.meta.get(flag, ()) if kept(k)]
+        if links:
+            meta[flag] = links
     groups = [{"devices": [keep.index(i) for i in g["devices"] if i in keep], "shared_speed": g["shared_speed"]}
               for g in cluster.meta.get("compute_groups") or ()]
     meta["compute_groups"] = [g for g in groups if len(g["devices"]) >= 2]

@@ -31,6 +31,81 @@ from placer.problem import PlacementProblem
 log = logging.getLogger(__name__)
 
 REMEASURE_TOP = 3
+DROP_AFTER = 2       # measurements that find a device dead before a measured search drops it and re-places
+
+
+class LossWatch:
+    """Evaluator wrapper of a measured search: counts, per device, the outcomes that found it dead
+    (`Outcome.lost_devices`, e.g. its TF cluster task is down). `lost()` names those seen `after` times."""
+
+    def __init__(self, inner, after: int = DROP_AFTER):
+        self.inner, self.devices, self.after = inner, inner.devices, int(after)
+        self.counts: dict[int, int] = {}
+        self.reasons: dict[int, str] = {}
+
+    def evaluate(self, placements):
+        outs = self.inner.evaluate(placements)
+        for o in outs:
+            for i in getattr(o, "lost_devices", ()) or ():
+                self.counts[int(i)] = self.counts.get(int(i), 0) + 1
+                self.reasons[int(i)] = o.reason or "down"
+        return outs
+
+    def lost(self) -> list[int]:
+        return sorted(i for i, c in self.counts.items() if c >= self.after)
+
+    def close(self) -> None:      # the inner evaluator belongs to the caller
+        pass
+
+
+def _watched(evaluator, reward: str, search_obj) -> "LossWatch | None":
+    """Arm a measured search whose evaluator can continue without lost devices (`without`) to stop when one
+    dies; its stop_reason is then "devices_lost"."""
+    if reward != "measure" or not hasattr(evaluator, "without"):
+        return None
+    watch = LossWatch(evaluator)
+    search_obj.evaluator = watch
+    search_obj.stop_check = lambda: "devices_lost" if watch.lost() else None
+    return watch
+
+
+def _drop_and_replace(problem: PlacementProblem, evaluator, watch: LossWatch, res, result: "SearchResult",
+                      t0: float, out: Path | None, budget_seconds: float, seed: int, model_name: str,
+                      progress: bool, config, dropped: list | None = None,
+                      max_updates: int | None = None) -> "SearchResult":
+    """A device died during a measured search: write what the search has, then re-place on the survivors
+    (`replace`, warm from the policy, measured on the surviving devices) for the rest of the budget. The drop is
+    logged and listed in summary.json as "dropped"."""
+    import tempfile
+
+    lost = watch.lost()
+    names = [evaluator.devices[i] for i in lost]
+    why = "; ".join(sorted({watch.reasons[i] for i in lost}))
+    log.warning("dropping %s after %d failed measurements (%s); re-placing on the survivors",
+                ", ".join(names), max(watch.counts[i] for i in lost), why)
+    drops = list(dropped or []) + [{"devices": names, "reason": why, "after_evaluations": int(res.evaluations),
+                                    "wall_s": round(time.perf_counter() - t0, 3)}]
+    run_dir = out if out is not None else Path(tempfile.mkdtemp(prefix="placer-drop-"))
+    write_outputs(run_dir, problem, res, result, reward="measure", seed=seed, model_name=model_name,
+                  more={"dropped": drops})
+    survivors = evaluator.without(lost)
+    try:
+        left = max(1.0, budget_seconds - (time.perf_counter() - t0))
+        after = replace(run_dir, names, budget_seconds=left, out_dir=run_dir if out is not None else None,
+                        seed=seed, progress=progress, config=config, evaluator=survivors, reward="measure",
+                        dropped=drops, model_name=model_name, max_updates=max_updates)
+    finally:
+        survivors.close()
+    # the whole search, before and after the drop
+    after.wall_s = time.perf_counter() - t0
+    after.evaluations += int(res.evaluations)
+    if out is not None and (out / "summary.json").exists():
+        s = json.loads((out / "summary.json").read_text())
+        s.update(wall_s=float(after.wall_s), evaluations=int(after.evaluations))
+        tmp = out / "summary.json.tmp"
+        tmp.write_text(json.dumps(s, indent=1))
+        os.replace(tmp, out / "summary.json")
+    return after
 
 
 @dataclass
@@ -82,8 +157,12 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
                progress=progress, device_capacity=[d.capacity_bytes for d in cluster.devices])
     if resume and (out is None or not s.load_checkpoint()):
         raise SearchError(f"no checkpoint to resume in {out / 'checkpoint' if out else '(no directory)'}")
+    watch = _watched(evaluator, reward, s)
     res = s.run(budget_seconds, max_updates=max_updates, patience=patience)
     result = _result(problem, res, t0, out, config=s.config.to_dict(), failure_step_time_s=res.failure_step_time)
+    if watch is not None and res.stop_reason == "devices_lost":
+        return _drop_and_replace(problem, evaluator, watch, res, result, t0, out, budget_seconds, seed,
+                                 model_name or problem.graph.name, progress, config, max_updates=max_updates)
     if reward == "measure":
         confirm_best(problem, evaluator, res, result)
     if remeasure and reward == "sim" and problem.devices is not None:
@@ -306,7 +385,8 @@ def moved_off(problem: PlacementProblem, old: np.ndarray, keep: list[int]) -> np
 
 
 def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int | None = None,
-            progress: bool = False, config=None, max_updates: int | None = None) -> SearchResult:
+            progress: bool = False, config=None, max_updates: int | None = None, evaluator=None,
+            reward: str = "sim", dropped: list | None = None, model_name: str | None = None) -> SearchResult:
     """Re-place a finished (or killed) search's graph onto the devices left when `exclude` are lost.
 
     `run`: the search's output directory, or the SearchResult of a `place(..., out_dir=...)`. First, before
@@ -316,7 +396,10 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
     softmax restricted to the survivors; `Search.restore_policy`), or, when the policy cannot be restored, a cold
     search (said in `extra["notice"]`). Returns the SearchResult; `extra` holds `excluded`, `quick_s`,
     `quick_wall_s`, `quick_source`, `restored` and `notice`. Writes the usual files into `out_dir`, with
-    "excluded" and "quick_s" in summary.json."""
+    "excluded" and "quick_s" in summary.json.
+
+    `evaluator` (with `reward="measure"`): a measured evaluator over the survivors (a measured search that lost a
+    device: `_drop_and_replace`); its devices must be the survivors'. The quick answer stays simulated."""
     from placer.problem import build_problem, cluster_without
     from placer.grouped import group_majority
     from placer.rl.reinforce import ReinforceConfig
@@ -349,7 +432,11 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
         quick_source = min(ok, key=ok.get)
         quick_s, quick_wall = float(ok[quick_source]), time.perf_counter() - t0
         log.info("quick answer after losing %s: %s, %.4g s (%.1f s)", exclude, quick_source, quick_s, quick_wall)
-        s = Search(problem.grouping, problem.simulator, cpu_index=survivors.cpu_index, allowed=problem.allowed,
+        if evaluator is not None and list(evaluator.devices) != list(survivors.device_names):
+            raise SearchError(f"the evaluator's devices {list(evaluator.devices)} are not the survivors' "
+                              f"{survivors.device_names}")
+        ev = evaluator if evaluator is not None else problem.simulator
+        s = Search(problem.grouping, ev, cpu_index=survivors.cpu_index, allowed=problem.allowed,
                    baselines=cands, config=config or ReinforceConfig(seed=seed), seed=seed,
                    out_dir=Path(out_dir) if out_dir is not None else None, progress=progress,
                    device_capacity=[d.capacity_bytes for d in survivors.devices])
@@ -361,19 +448,27 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
         else:
             notice = f"the run's policy could not be restored ({why}): searching cold"
             log.warning("re-placement: %s", notice)
+        watch = _watched(ev, reward, s) if evaluator is not None else None
         res = s.run(budget_seconds, max_updates=max_updates)
         result = _result(problem, res, t0, Path(out_dir) if out_dir is not None else None,
                          excluded=list(exclude), quick_s=quick_s, quick_wall_s=quick_wall, quick_source=quick_source,
-                         restored=why is None, notice=notice)
+                         restored=why is None, notice=notice, **({"dropped": dropped} if dropped else {}))
         extra = result.extra
-        if out_dir is not None:
+        if model_name is None:
             try:
                 model_name = json.loads((run_dir / "summary.json").read_text()).get("model") or graph.name
             except (OSError, ValueError):
                 model_name = graph.name
-            write_outputs(Path(out_dir), problem, res, result, reward="sim", seed=seed, model_name=model_name,
+        if watch is not None and res.stop_reason == "devices_lost":     # another device died: drop it too
+            return _drop_and_replace(problem, evaluator, watch, res, result, t0,
+                                     Path(out_dir) if out_dir is not None else None, budget_seconds, seed,
+                                     model_name, progress, config, dropped=dropped, max_updates=max_updates)
+        if evaluator is not None and reward == "measure":
+            confirm_best(problem, evaluator, res, result)
+        if out_dir is not None:
+            write_outputs(Path(out_dir), problem, res, result, reward=reward, seed=seed, model_name=model_name,
                           more={k: extra[k] for k in ("excluded", "quick_s", "quick_wall_s", "quick_source",
-                                                      "restored", "notice")})
+                                                      "restored", "notice", "dropped") if k in extra})
         return result
     finally:
         problem.close()

@@ -21,11 +21,11 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from placer import devnames
 from placer.errors import ClusterError
 
 TASKS_FORMAT = 1
 
-_FULL_RE = re.compile(r"^/job:([A-Za-z0-9_\-]+)(?:/replica:(\d+))?(?:/task:(\d+))?/(?:device:)?([A-Za-z_]+):(\d+)$")
 
 
 class TasksFileError(ClusterError):
@@ -35,12 +35,7 @@ class TasksFileError(ClusterError):
 def full_device_name(name: str) -> str:
     """Canonical full TF name of a device of a named job: `/job:J/replica:R/task:T/device:TYPE:N` (replica and
     task default to 0, the type is upper-cased). ClusterError when `name` has no job."""
-    m = _FULL_RE.match(str(name).strip())
-    if not m:
-        raise ClusterError(f"{name!r} is not a full TensorFlow device name like "
-                           f"/job:worker/replica:0/task:1/device:CPU:0")
-    job, rep, task, kind, idx = m.groups()
-    return f"/job:{job}/replica:{int(rep or 0)}/task:{int(task or 0)}/device:{kind.upper()}:{int(idx)}"
+    return devnames.full(name)
 
 
 def looks_like_tasks_file(spec) -> bool:
@@ -95,6 +90,20 @@ class TasksFile:
 
     def cluster_spec(self) -> dict[str, list[str]]:
         return {self.job: [t.address for t in self.tasks]}
+
+    def without(self, devices) -> "TasksFile":
+        """The tasks that hold none of `devices` (lost ones); their first becomes the session target. Sessions on
+        the survivors filter devices to them (`device_filters`), so the dead tasks are never contacted."""
+        lost = {str(d) for d in devices}
+        keep = tuple(t for t in self.tasks if not lost & set(t.devices))
+        if not keep:
+            raise TasksFileError(f"tasks file {self.path}: no task is left without {', '.join(sorted(lost))}")
+        return TasksFile(self.job, keep, self.path, {**self.extra, "survivors_of": self.path})
+
+    @property
+    def device_filters(self) -> list[str]:
+        """TF `ConfigProto.device_filters` for a session that must only see these tasks (after `without`)."""
+        return [f"/job:{self.job}/task:{t.index}" for t in self.tasks] if self.extra.get("survivors_of") else []
 
     def task_of(self, device: str) -> Task:
         for t in self.tasks:
@@ -218,9 +227,14 @@ def probe_task(task: Task, timeout: float = 2.0, *, connect: bool = True) -> str
 
 def down_tasks(tasks: TasksFile, timeout: float = 2.0, *, connect: bool = True) -> list[str]:
     """One phrase per task that is down, e.g. `task 1 (127.0.0.1:24002, pid 812) is down: its process is gone`."""
+    return [f"{t.label} is down: {why}" for t, why in down_task_list(tasks, timeout, connect=connect)]
+
+
+def down_task_list(tasks: TasksFile, timeout: float = 2.0, *, connect: bool = True) -> list[tuple["Task", str]]:
+    """(task, why) for each task that is down."""
     out = []
     for t in tasks.tasks:
         why = probe_task(t, timeout, connect=connect)
         if why:
-            out.append(f"{t.label} is down: {why}")
+            out.append((t, why))
     return out

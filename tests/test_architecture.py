@@ -66,6 +66,10 @@ def test_rooms_point_one_way():
             "runtime": ("placer.api", "placer.search", "placer.cli", "placer.bench", "placer.rl"),
             "problem": ("placer.search", "placer.api", "placer.cli", "placer.runtime", "placer.rl", "placer.bench"),
             "search": ("placer.api", "placer.cli", "placer.bench"),
+            # the one device-name parser: below every room, it imports only placer.errors
+            "devnames": ("placer.graphs", "placer.sim", "placer.baselines", "placer.rl", "placer.runtime",
+                         "placer.problem", "placer.search", "placer.api", "placer.cli", "placer.placement",
+                         "placer.bench", "placer.tasks", "placer._tf"),
             # the grouped-baseline helpers both rl/ and baselines/ import: pure numpy, below every room
             "grouped": ("placer.graphs", "placer.sim", "placer.baselines", "placer.rl", "placer.runtime",
                         "placer.problem", "placer.search", "placer.api", "placer.cli", "placer.placement",
@@ -101,3 +105,32 @@ def test_no_pickle_on_files_a_user_hands_back():
                 if rel not in allowed:
                     hits.append(f"{rel}:{i}: {line.strip()}")
     assert not hits, hits
+
+
+def test_device_names_are_parsed_in_one_place():
+    """TF device names are parsed by placer.devnames only: no other module spells the device-name regex."""
+    pat = re.compile(r"\(\?:device:\)\?|device:\(|/task:\(|split\(\":\"\)\s*$")
+    offenders = [str(p.relative_to(PKG.parent)) for p in PKG.rglob("*.py")
+                 if p.name != "devnames.py" and pat.search(p.read_text())]
+    assert not offenders, offenders
+
+
+def test_devnames_spellings():
+    from placer import devnames
+    from placer.errors import ClusterError
+
+    assert devnames.canonical("/device:gpu:1") == devnames.canonical("GPU:1") == "/GPU:1"
+    assert devnames.canonical("/job:localhost/replica:0/task:0/device:CPU:0") == "/CPU:0"
+    assert devnames.canonical("/job:worker/task:1/cpu:0") == "/job:worker/replica:0/task:1/device:CPU:0"
+    assert devnames.find("/job:worker/replica:0/task:2/device:GPU:3 stream:all").canonical == \
+        "/job:worker/replica:0/task:2/device:GPU:3"
+    assert devnames.find("/device:GPU:0/stream:12").short == "/GPU:0"
+    assert devnames.find("no device here") is None
+    assert devnames.kind("/job:worker/replica:0/task:1/device:CPU:0") == "CPU"
+    for bad in ("/job:worker/replica:0", "GPU", "/GPU:x", "/GPU:0 extra"):
+        try:
+            devnames.canonical(bad)
+        except ClusterError as e:
+            assert repr(bad) in str(e)
+        else:
+            raise AssertionError(f"{bad!r} parsed")

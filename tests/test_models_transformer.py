@@ -112,3 +112,22 @@ def test_structure_only_build_is_the_same_graph_without_weights(gpt32):
         v = keras.Variable(np.zeros((4, 4), "float32"))
     assert type(v.value).__name__ == "UninitializedVariable" or "Uninitialized" in type(v._value).__name__
     assert "Uninitialized" not in type(keras.Variable(np.zeros((4, 4), "float32"))._value).__name__
+
+
+def test_gpt_whose_weights_the_gpus_cannot_hold_is_one_line_naming_the_bytes(gpt32, tmp_path, capsys):
+    """A cluster whose GPUs together cannot hold the model's weights (and optimizer state): one line with the
+    bytes needed against the bytes held, before any search."""
+    import json
+
+    need = int(np.asarray(gpt32.persistent_bytes, np.float64).sum())
+    small = {"format": 1, "name": "two small GPUs",
+             "devices": [{"name": f"/GPU:{i}", "kind": "V100", "memory_bytes": need // 4, "reserve_bytes": 0}
+                         for i in range(2)] + [{"name": "/CPU:0", "kind": "cpu"}]}
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(small))
+    rc = main(["search", "--model", "gpt", "--size", "tiny", "--cluster", str(path), "--budget", "5",
+               "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "needs at least" in err and "hold" in err and "/GPU:0" in err and "/GPU:1" in err, err
+    assert not (tmp_path / "o" / "summary.json").exists()

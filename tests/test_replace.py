@@ -100,3 +100,70 @@ def test_replace_without_checkpoint_searches_cold_with_a_notice(run_dir, tmp_pat
     res = placer.replace(copy, ["/GPU:2"], budget_seconds=30, max_updates=2, out_dir=tmp_path / "r")
     assert not res.extra["restored"] and "could not be restored" in res.extra["notice"]
     assert "/GPU:2" not in set(res.placement.mapping.values())
+
+
+# ---- a device lost during a measured search -----------------------------------------------------------------------
+class _Dying:
+    """A 'measured' evaluator (the simulator underneath) whose device `victim` is found dead from evaluation
+    `after` on, as TFClusterRunner reports a task that is down (`Outcome.lost_devices`)."""
+
+    def __init__(self, problem, victim: int, after: int):
+        self.problem, self.victim, self.after, self.n = problem, victim, after, 0
+        self.devices = list(problem.device_names)
+        self.survivors = None
+
+    def evaluate(self, placements):
+        from placer.sim.evaluator import Outcome
+
+        outs = []
+        for p in placements:
+            self.n += 1
+            if self.n > self.after:
+                o = Outcome.failure(f"{self.devices[self.victim]} is down: its process is gone")
+                o.lost_devices = (self.victim,)
+                outs.append(o)
+            else:
+                outs.extend(self.problem.simulator.evaluate([p]))
+        return outs
+
+    def without(self, lost):
+        from placer.problem import cluster_without
+        from placer.sim.simulator import SimEvaluator
+
+        surv, keep = cluster_without(self.problem.cluster, [self.devices[i] for i in lost])
+        self.survivors = SimEvaluator(self.problem.graph, surv, np.ascontiguousarray(self.problem.cost[:, keep]))
+        return self.survivors
+
+    def close(self):
+        pass
+
+
+def test_measured_search_drops_a_dead_device_and_replaces_on_the_survivors(tmp_path):
+    from placer.graphs.models import build_model
+    from placer.problem import build_problem
+    from placer.search import search
+
+    problem = build_problem(build_model("nmt", "tiny"), "4xK80", seed=0)
+    n_base = len(problem.baselines)
+    ev = _Dying(problem, victim=3, after=n_base + 40)               # dies in the search's third update
+    res = search(problem, ev, reward="measure", budget_seconds=120, max_updates=6, out_dir=tmp_path / "d")
+    s = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert [d["devices"] for d in s["dropped"]] == [["/GPU:3"]], s.get("dropped")
+    assert "is down" in s["dropped"][0]["reason"] and s["dropped"][0]["after_evaluations"] >= n_base + 40
+    assert s["excluded"] == ["/GPU:3"] and "/GPU:3" not in s["devices"] and s["reward"] == "measure"
+    assert "/GPU:3" not in set(res.placement.mapping.values()) and np.isfinite(res.step_time)
+    assert ev.survivors is not None and s["confirmed"]          # the survivors measured the candidates
+    problem.close()
+
+
+def test_a_search_whose_devices_live_is_not_dropped(tmp_path):
+    from placer.graphs.models import build_model
+    from placer.problem import build_problem
+    from placer.search import search
+
+    problem = build_problem(build_model("nmt", "tiny"), "2xK80", seed=0)
+    ev = _Dying(problem, victim=1, after=10 ** 9)
+    search(problem, ev, reward="measure", budget_seconds=60, max_updates=2, out_dir=tmp_path / "d")
+    s = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert "dropped" not in s and "excluded" not in s and ev.survivors is None
+    problem.close()

@@ -201,6 +201,10 @@ def _add_cluster_commands(sub) -> None:
     p.add_argument("--link-runs", type=int, default=15, help="timed ping-pongs per link and size (default 15)")
     p.add_argument("--sizes", help="ping-pong sizes in bytes, comma list (default 1 KiB..64 MiB in x4 steps)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a measurement is cut")
+    p.add_argument("--fit-placements", type=int, default=0, metavar="K",
+                   help="tasks files: also measure K placements of the graph (baselines, all on each task, random) "
+                        "and fit the tasks' shared speed and a transfer's copy work to them (default 0: off; "
+                        "benchmarks/RESULTS.md, 'Simulator vs real')")
     _json_flag(p)
 # ---- end: TF cluster devices and calibration --------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import math
 import os
 import sys
 
+from placer import devnames
 from placer.errors import MeasurementError
 from placer.runtime import read_token
 
@@ -23,7 +24,7 @@ def _local_cluster(spec: str, devices: list[str]):
         return cluster_from_devices(spec)
     except ClusterError as e:
         log.info("nominal cluster for --devices %s: %s", spec, e)
-    return make_cluster([make_device(d, "cpu" if "CPU" in d.upper() else "V100") for d in devices],
+    return make_cluster([make_device(d, "cpu" if devnames.kind(d) == "CPU" else "V100") for d in devices],
                         name=",".join(devices))
 
 
@@ -163,12 +164,17 @@ def run_calibrate(args) -> int:
             raise MeasurementError(f"--sizes {args.sizes!r}: need at least two sizes of >= 4 bytes")
     say = None if args.json else (lambda msg: print(msg, flush=True))
     summary = calibrate(graph, args.devices, args.out, sizes=sizes, link_runs=args.link_runs,
-                        profile_runs=args.runs, timeout=args.timeout, progress=say)
+                        profile_runs=args.runs, timeout=args.timeout, progress=say,
+                        fit_placements=int(getattr(args, "fit_placements", 0) or 0))
     if args.json:
         print_json(summary)
         return 0
     for ln in summary["links"]:
         print(f"link {ln['src']} -> {ln['dst']}: latency {ln['latency_s'] * 1e6:.0f} us, bandwidth "
               f"{ln['bandwidth_Bps'] / 1e9:.3f} GB/s (fit residual {ln['rel_rms']:.0%} rms)")
+    if summary.get("machine_fit"):
+        m = summary["machine_fit"]
+        print(f"fitted to {len(m['placements'])} measured placements: shared speed {m['shared_speed']:.2f}, "
+              f"copy work {m['cpu_copy']:.2f} of each transfer (median |log error| {m['median_abs_log_err']:.3f})")
     print(f"wrote {summary['cluster']} (--cluster) and {summary['costs']} (--costs)")
     return 0

@@ -146,6 +146,9 @@ def _print_summary(s: dict, out: Path) -> None:
         print(f"  {k:<18} {ms(v)}" + (f"   ({_first_line(why)})" if why else ""))
     for m in s.get("measured", []):
         print(f"  measured {m['source']:<14} simulated {ms(m.get('simulated_s'))}   measured {ms(m.get('measured_s'))}")
+    for d in s.get("dropped", []):
+        print(f"  dropped {', '.join(d['devices'])} after {d['after_evaluations']} evaluations "
+              f"({_first_line(d['reason'])}): re-placed on {', '.join(s['devices'])}")
     print(f"  files in {out}/: placement.json placed.meta summary.json trace.json curve.png tb/ checkpoint/")
 
 

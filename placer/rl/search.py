@@ -62,7 +62,7 @@ class LoopResult:
     evaluations: int                            # placements evaluated, baselines included
     updates: int                                # policy updates done (across resumes)
     wall_s: float                               # search wall time (across resumes)
-    stop_reason: str                            # "budget", "max_updates", "patience", "one_device"
+    stop_reason: str                            # "budget", "max_updates", "patience", "one_device", or stop_check's
     devices: list[str] = field(default_factory=list)
     failure_step_time: float = float("nan")     # the step time charged to failed placements
     search_best_groups: np.ndarray | None = None  # group→device of the best sampled placement
@@ -155,6 +155,9 @@ class Search:
         self.checkpoint_every = max(1, int(checkpoint_every))
         self.device_capacity = None if device_capacity is None else np.asarray(device_capacity, np.float64)
         self.tensorboard = tensorboard
+        # called after every update: a non-empty string stops the search with that stop_reason (e.g. the measured
+        # search's watch for lost devices, `placer.search`), before the check for systematic failures
+        self.stop_check = None
         from placer.rl.reinforce import ReinforceConfig
 
         self.config = config or ReinforceConfig(seed=self.seed)
@@ -641,6 +644,9 @@ class Search:
                                 reward=f"{row['reward_mean']:.3g}", evals_s=f"{self.evaluations / max(wall, 1e-9):.1f}")
                 if self.updates % self.checkpoint_every == 0:
                     self.save_checkpoint()
+                stop = self.stop_check() if self.stop_check is not None else None
+                if stop:
+                    break
                 self._check_systematic_failure()
         finally:
             bar.close()

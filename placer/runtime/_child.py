@@ -7,7 +7,7 @@ a crash, hang or OOM kill is seen by the parent as a dead pipe or a timeout.
 
 Requests:
   ("init", {"cpus": N, "intra_op": int|None, "inter_op": int|None,
-            "target": "grpc://HOST:PORT"|None, "op_timeout_ms": int|None, "nice": int|None})
+            "target": "grpc://HOST:PORT"|None, "op_timeout_ms": int|None, "nice": int|None, "device_filters": [str]|None})
         -> {"devices": [names TF sees], "tf_version": str, "import_s": float}
         With a `target` (a TF cluster task's master: `TFClusterRunner`) every session runs there, isolated from
         other sessions, each call cut by TF after `op_timeout_ms`; devices are the cluster's full names.
@@ -85,6 +85,8 @@ class _State:
             cfg.isolate_session_state = True
             if req.get("op_timeout_ms"):
                 cfg.operation_timeout_in_ms = int(req["op_timeout_ms"])
+            if req.get("device_filters"):       # a re-placement on the survivors: never contact dead tasks
+                cfg.device_filters.extend(str(f) for f in req["device_filters"])
         if req.get("intra_op"):
             cfg.intra_op_parallelism_threads = int(req["intra_op"])
         if req.get("inter_op"):

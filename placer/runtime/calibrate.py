@@ -155,10 +155,15 @@ def compute_sharing(tasks, *, rounds: int = 3, runs: int = 3, timeout: float = 6
 
 def calibrate(graph, devices, out_dir: "str | os.PathLike", *, sizes: Sequence[int] = DEFAULT_SIZES,
               link_runs: int = 15, link_warmup: int = 3, profile_runs: int = 5, timeout: float = 600.0,
-              progress=None) -> dict:
+              progress=None, fit_placements: int = 0, fit_rounds: int = 2, fit_runs: int = 3) -> dict:
     """Profile `graph` and measure the links of `devices` (a tasks file, `cpu:N` or device names); write
     DIR/costs.json and DIR/cluster.json. Returns a summary: {"cluster": path, "costs": path, "links": [{"src",
-    "dst", "latency_s", "bandwidth_Bps", "rel_rms"}], "profile_s", "links_s"}."""
+    "dst", "latency_s", "bandwidth_Bps", "rel_rms"}], "profile_s", "links_s"}.
+
+    fit_placements > 0 (TF cluster tasks): also measure that many placements of `graph` (its baselines, all on
+    each task, random ones; `fit_rounds` interleaved rounds of `fit_runs` timed runs) and fit the two machine
+    figures micro-benchmarks get wrong, the tasks' shared speed and the copy work of a transfer
+    (`placer.sim.fit`), into cluster.json; the summary's "machine_fit" says what was fitted, from what."""
     from placer.runtime.profile import profile
     from placer.sim.cluster import cluster_from_devices, cluster_to_dict
     from placer.tasks import looks_like_tasks_file
@@ -234,7 +239,81 @@ def calibrate(graph, devices, out_dir: "str | os.PathLike", *, sizes: Sequence[i
                           "compute_sharing": sharing}
     cluster_path = out / "cluster.json"
     cluster_path.write_text(json.dumps(obj, indent=1) + "\n")
+    machine = None
+    if fit_placements > 0 and looks_like_tasks_file(devices) and cluster.num_devices >= 2:
+        say(f"measuring {fit_placements} placements to fit the machine's shared speed and copy work")
+        machine = fit_to_placements(graph, devices, obj, costs_path, fit_placements, rounds=fit_rounds,
+                                    runs=fit_runs, timeout=timeout)
+        from placer.sim.fit import with_machine
+
+        obj = with_machine(obj, machine["shared_speed"], machine["cpu_copy"])
+        obj["calibration"]["machine_fit"] = machine
+        cluster_path.write_text(json.dumps(obj, indent=1) + "\n")
     return {"cluster": str(cluster_path), "costs": str(costs_path), "devices": cluster.device_names,
             "concurrency": [int(x.concurrency) for x in cluster.devices],
             "links": [{k: v for k, v in r.items() if k != "times_s"} for r in raw.values()],
-            "links_s": links_s, "profile_s": profile_s, "compute_sharing": sharing}
+            "links_s": links_s, "profile_s": profile_s, "compute_sharing": sharing,
+            **({"machine_fit": machine} if machine else {})}
+
+
+def fit_placements_of(problem, n: int, seed: int = 0) -> list[tuple[str, "np.ndarray"]]:
+    """`n` distinct placements that span what a search meets: the baselines, everything on each device, then
+    random group placements (each group on a uniformly drawn allowed device)."""
+    import numpy as np
+
+    out, seen = [], set()
+
+    def add(name, p):
+        key = np.asarray(p, np.int64).tobytes()
+        if key not in seen and len(out) < n:
+            seen.add(key)
+            out.append((name, np.asarray(p, np.int64)))
+
+    for name, p in problem.baselines.items():
+        add(name, p)
+    G, D = problem.allowed.shape
+    for d in range(D):
+        if problem.allowed[:, d].any():
+            add(f"all_on_{d}", problem.grouping.expand(np.where(problem.allowed[:, d], d,
+                                                                 problem.allowed.argmax(axis=1)),
+                                                        problem.cluster.cpu_index))
+    rng = np.random.default_rng(seed)
+    for k in range(20 * n):
+        if len(out) >= n:
+            break
+        groups = np.array([rng.choice(np.flatnonzero(problem.allowed[g])) for g in range(G)])
+        add(f"random_{k}", problem.grouping.expand(groups, problem.cluster.cpu_index))
+    return out
+
+
+def fit_to_placements(graph, tasks, cluster_obj: dict, costs_path, n: int, *, rounds: int = 2, runs: int = 3,
+                      timeout: float = 600.0, seed: int = 0) -> dict:
+    """Measure `n` placements on the tasks (interleaved rounds) and fit shared speed and copy work to them."""
+    import numpy as np
+
+    from placer.problem import build_problem
+    from placer.runtime.tfcluster import TFClusterRunner
+    from placer.sim.costs import CostTable
+    from placer.sim.fit import pick, simulate_grid
+
+    tmp = Path(costs_path).with_name("cluster.json")
+    problem = build_problem(graph, str(tmp), costs=str(costs_path), seed=seed)
+    try:
+        cands = fit_placements_of(problem, n, seed)
+    finally:
+        problem.close()
+    times: list[list[float]] = [[] for _ in cands]
+    with TFClusterRunner(graph, tasks, warmup=1, runs=runs, timeout=timeout) as r:
+        for k in range(rounds):
+            order = range(len(cands)) if k % 2 == 0 else reversed(range(len(cands)))
+            for i in order:
+                o = r.measure(cands[i][1])
+                if o.ok:
+                    times[i].extend(o.runs or (o.step_time,))
+    meas = np.array([np.median(t) if t else np.nan for t in times])
+    grid = simulate_grid(graph, cluster_obj, CostTable.load(costs_path, graph), [p for _, p in cands])
+    ss, cc, score = pick([grid], [meas])
+    sim = grid[(ss, cc)]
+    return {"shared_speed": ss, "cpu_copy": cc, "median_abs_log_err": score,
+            "placements": [{"source": name, "measured_s": None if not np.isfinite(m) else float(m),
+                            "simulated_s": float(s)} for (name, _), m, s in zip(cands, meas, sim)]}

@@ -8,39 +8,24 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from placer import devnames
 from placer.errors import ClusterError
-from placer.tasks import full_device_name
-
-_DEV_RE = re.compile(r"(?:^|/)(?:device:)?([A-Za-z_]+):(\d+)$")
-_ANY_DEV_RE = re.compile(r"device:([A-Za-z_]+):(\d+)", re.IGNORECASE)
-_JOB_RE = re.compile(r"/job:([A-Za-z0-9_\-]+)(?:/replica:(\d+))?(?:/task:(\d+))?")
-
 
 def canonical_device(name: str) -> str:
     """`/device:CPU:0`, `/cpu:0`, `CPU:0`, `/job:localhost/replica:0/task:0/device:CPU:0` -> `/CPU:0`.
 
-    Full names of another job/task are kept as given (remote devices).
+    Full names of another job/task are kept in TF's full form (remote devices).
 
     >>> canonical_device("/job:localhost/replica:0/task:0/device:gpu:1")
     '/GPU:1'
     """
-    s = name.strip()
-    if "/job:" in s and "/job:localhost" not in s:
-        return full_device_name(s)
-    m = _ANY_DEV_RE.search(s) or _DEV_RE.search(s)
-    if not m:
-        raise ClusterError(f"device name {name!r} is not a TensorFlow device name like /CPU:0 or /GPU:1")
-    return f"/{m.group(1).upper()}:{int(m.group(2))}"
+    return devnames.canonical(name)
 
 
 def device_of_trace(name: str) -> str | None:
     """Short device name of a RunMetadata `dev_stats.device` string (stream entries included), or None."""
-    m = _ANY_DEV_RE.search(name)
-    if not m:
-        m = re.search(r"/(?:device:)?([A-Za-z_]+):(\d+)", name)
-        if not m:
-            return None
-    return f"/{m.group(1).upper()}:{int(m.group(2))}"
+    d = devnames.find(name)
+    return d.short if d else None
 
 
 def trace_device(name: str) -> str | None:
@@ -50,13 +35,8 @@ def trace_device(name: str) -> str | None:
     >>> trace_device("/job:localhost/replica:0/task:0/device:CPU:0"), trace_device("/job:worker/task:1/cpu:0")
     ('/CPU:0', '/job:worker/replica:0/task:1/device:CPU:0')
     """
-    m = _JOB_RE.search(name)
-    if m and m.group(1) != "localhost":
-        job, rep, task = m.group(1), int(m.group(2) or 0), int(m.group(3) or 0)
-        d = _ANY_DEV_RE.search(name) or re.search(r"/([A-Za-z_]+):(\d+)", name[m.end():])
-        if d:
-            return f"/job:{job}/replica:{rep}/task:{task}/device:{d.group(1).upper()}:{int(d.group(2))}"
-    return device_of_trace(name)
+    d = devnames.find(name)
+    return d.canonical if d else None
 
 
 def parse_devices(spec: str | Sequence[str]) -> list[str]:
@@ -87,10 +67,9 @@ def parse_devices(spec: str | Sequence[str]) -> list[str]:
 def cpu_split(devices: Sequence[str]) -> int:
     """How many logical CPU devices the session must create so every `/CPU:k` named exists (>= 1)."""
     n = 1
-    for d in devices:
-        m = re.fullmatch(r"/CPU:(\d+)", d)
-        if m:
-            n = max(n, int(m.group(1)) + 1)
+    for d in map(devnames.parse, devices):
+        if d.local and d.kind == "CPU":
+            n = max(n, d.index + 1)
     return n
 
 
@@ -101,11 +80,9 @@ def devices_flag(names: Sequence[str]) -> str:
     >>> devices_flag(["/CPU:1", "/CPU:0"])
     'cpu:2'
     """
-    import re
-
-    ks = [re.fullmatch(r"/(?:device:)?CPU:(\d+)", n, re.I) for n in names]
-    if names and all(ks):
-        return f"cpu:{max(int(k.group(1)) for k in ks) + 1}"
+    ds = [devnames.parse(n) for n in names]
+    if ds and all(d.local and d.kind == "CPU" for d in ds):
+        return f"cpu:{max(d.index for d in ds) + 1}"
     return ",".join(names)
 
 

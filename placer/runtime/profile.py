@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from placer import devnames
 from placer.errors import MeasurementError
 from placer.runtime.devices import parse_devices
 
@@ -37,7 +38,7 @@ def _cluster_for(devices: list[str]):
         return cluster_from_devices(devices)
     except ClusterError:
         # devices TF does not show here: still build a nominal cluster; the runner reports the missing device
-        return make_cluster([make_device(d, "cpu" if "CPU" in d else "V100") for d in devices], name="nominal")
+        return make_cluster([make_device(d, "cpu" if devnames.kind(d) == "CPU" else "V100") for d in devices], name="nominal")
 
 
 def profile(graph, devices: Sequence[str] | str, runs: int = 5, *, warmup: int = 2, timeout: float = 600.0,

@@ -28,7 +28,7 @@ from typing import Sequence
 from placer.errors import MeasurementError
 from placer.runtime.local import LocalRunner
 from placer.sim.evaluator import Outcome
-from placer.tasks import TasksFile, down_tasks, full_device_name, load_tasks
+from placer.tasks import TasksFile, down_task_list, down_tasks, full_device_name, load_tasks
 
 
 class TFClusterRunner(LocalRunner):
@@ -55,8 +55,23 @@ class TFClusterRunner(LocalRunner):
         # TF cuts a call a little before the child would be killed: the step is cancelled on the tasks too, and
         # the child (TensorFlow, the imported graph) lives on for the next measurement
         self._child_init = {"target": self.tasks.target, "op_timeout_ms": max(1, int(self.timeout * 900)),
-                            "nice": int(nice)}
+                            "nice": int(nice), **({"device_filters": self.tasks.device_filters}
+                                                  if self.tasks.device_filters else {})}
+        self._nice, self._warmup, self._runs = int(nice), int(warmup), int(runs)
         self.check_tasks()
+
+    def without(self, lost: Sequence[int]) -> "TFClusterRunner":
+        """A runner over the devices left when the devices at indices `lost` (their tasks) are gone: the session
+        moves to the first surviving task and sees only the survivors. Placements index its own `devices`."""
+        gone = {self.devices[i] for i in lost}
+        tasks = self.tasks.without(gone)
+        keep = [d for d in self.devices if d not in gone and any(d in t.devices for t in tasks.tasks)]
+        return TFClusterRunner(self.graph, tasks, devices=keep, warmup=self._warmup, runs=self._runs,
+                               timeout=self.timeout, nice=self._nice, probe_timeout=self.probe_timeout)
+
+    def _lost(self, down) -> tuple[int, ...]:
+        dead = {d for t, _ in down for d in t.devices}
+        return tuple(i for i, d in enumerate(self.devices) if d in dead)
 
     def check_tasks(self) -> None:
         """MeasurementError naming the tasks file and every task that is down."""
@@ -74,14 +89,14 @@ class TFClusterRunner(LocalRunner):
         return child
 
     def measure(self, placement, **kw) -> Outcome:
-        down = down_tasks(self.tasks, self.probe_timeout)
+        down = down_task_list(self.tasks, self.probe_timeout)
         if down:
-            return Outcome.failure("; ".join(down))
+            return self._down(down)
         stop, seen = threading.Event(), []
 
         def watch() -> None:       # a task that dies or stops mid-measurement: cut the child at once
             while not stop.wait(self.watch_interval):
-                d = down_tasks(self.tasks, self.probe_timeout, connect=False)
+                d = down_task_list(self.tasks, self.probe_timeout, connect=False)
                 if d:
                     seen.extend(d)
                     child = self._child
@@ -97,14 +112,19 @@ class TFClusterRunner(LocalRunner):
             stop.set()
             watcher.join()
         if seen:
-            return Outcome.failure(f"{'; '.join(seen)} (measurement stopped)")
+            return self._down(seen, " (measurement stopped)")
         if out.failed and not out.oom:
-            down = down_tasks(self.tasks, self.probe_timeout)
+            down = down_task_list(self.tasks, self.probe_timeout)
             if down:
-                out.reason = f"{'; '.join(down)} ({out.reason})"
+                return self._down(down, f" ({out.reason})")
             elif (out.reason or "").startswith("DeadlineExceededError"):
                 out.reason = f"timed out after {0.9 * self.timeout:g} s on the TF cluster ({out.reason})"
         return out
+
+    def _down(self, down, suffix: str = "") -> Outcome:
+        o = Outcome.failure("; ".join(f"{t.label} is down: {why}" for t, why in down) + suffix)
+        o.lost_devices = self._lost(down)
+        return o
 
     def links(self, sizes: Sequence[int], *, pairs=None, warmup: int = 2, runs: int = 5) -> dict:
         """Ping-pong times of one transfer per ordered device pair and size (see `_child._State.links`)."""

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from placer import devnames
 from placer.errors import ClusterError
 
 
@@ -50,7 +51,7 @@ class Device:
 
     @property
     def is_cpu(self) -> bool:
-        return self.kind.lower() == "cpu" or "CPU" in self.name.upper().rsplit("/", 1)[-1]
+        return self.kind.lower() == "cpu" or devnames.kind(self.name) == "CPU"
 
     @property
     def capacity_bytes(self) -> int:
@@ -399,7 +400,8 @@ CLUSTER_JSON_DOC = """Cluster JSON file (format 1):
 Device fields: name (TF short form or full form), kind, memory_bytes, reserve_bytes (0), concurrency (1; the
 host CPU preset: 2), peak_flops (fp32 FLOP/s), mem_bandwidth (bytes/s). Diagonal entries are ignored; a null or
 missing matrix (or link) takes the default link model. A transfer of B bytes on link i->j takes
-latency + B / bandwidth."""
+latency + B / bandwidth. A link's "pipelined": true lets transfers overlap their latency (gRPC); "cpu_copy": true
+makes both endpoint devices busy for B / bandwidth (the tasks' own cores serialise and parse the tensor)."""
 
 
 def cluster_to_dict(cluster: Cluster) -> dict:
@@ -419,7 +421,7 @@ def cluster_to_dict(cluster: Cluster) -> dict:
         **({"compute_groups": [{"devices": [cluster.devices[i].name for i in g["devices"]],
                                 "shared_speed": float(g["shared_speed"])} for g in cluster.meta["compute_groups"]]}
            if cluster.meta.get("compute_groups") else {}),
-        **({"links": _links_of(cluster)} if {"link_shared", "link_pipelined"} & set(cluster.meta) else
+        **({"links": _links_of(cluster)} if {"link_shared", "link_pipelined", "link_cpu_copy"} & set(cluster.meta) else
            {"links": cluster.meta["links"]} if cluster.meta.get("links") is not None else {}),
         **({"shared_links": cluster.meta["shared_links"]} if cluster.meta.get("shared_links") is not None else {}),
     }
@@ -428,10 +430,11 @@ def cluster_to_dict(cluster: Cluster) -> dict:
 def _links_of(cluster: Cluster) -> list:
     """The "links" matrix of a cluster whose links carry more than bandwidth and latency (shared, pipelined)."""
     shared = cluster.meta.get("link_shared", {})
-    pipe = link_pipelined(cluster)
+    pipe, copy = link_pipelined(cluster), link_cpu_copy(cluster)
     return [[None if i == j else {"bandwidth_Bps": float(cluster.bandwidth[i, j]),
                                   "latency_s": float(cluster.latency[i, j]), "shared": shared.get(f"{i},{j}"),
-                                  **({"pipelined": True} if pipe[i, j] else {})}
+                                  **({"pipelined": True} if pipe[i, j] else {}),
+                                  **({"cpu_copy": True} if copy[i, j] else {})}
              for j in range(cluster.num_devices)] for i in range(cluster.num_devices)]
 
 
@@ -456,7 +459,7 @@ def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
         if not isinstance(d, dict) or "name" not in d:
             raise ClusterError(f"{source}: device #{k} needs at least a \"name\"")
         name = str(d["name"])
-        kind = str(d.get("kind") or ("cpu" if "CPU" in name.upper().rsplit("/", 1)[-1] else ""))
+        kind = str(d.get("kind") or ("cpu" if devnames.kind(name) == "CPU" else ""))
         extra = {f: d.get(f) for f in _DEVICE_FIELDS + ("peak_flops_fp16", "peak_flops_bf16")}
         try:
             dev = make_device(name, kind, **extra)
@@ -520,7 +523,7 @@ def _read_links(c: Cluster, links, source: str) -> None:
     if not isinstance(links, list) or len(links) != n or not all(isinstance(r, list) and len(r) == n for r in links):
         raise ClusterError(f"{source}: \"links\" must be a {n}x{n} matrix (one row per device) of "
                            f"{{\"bandwidth_Bps\": float, \"latency_s\": float, \"shared\": str|null}} or null")
-    shared, pipelined = {}, []
+    shared, pipelined, cpu_copy = {}, [], []
     for i, row in enumerate(links):
         for j, ln in enumerate(row):
             if ln is None or i == j:
@@ -540,10 +543,14 @@ def _read_links(c: Cluster, links, source: str) -> None:
                 shared[f"{i},{j}"] = str(ln["shared"])
             if ln.get("pipelined"):
                 pipelined.append(f"{i},{j}")
+            if ln.get("cpu_copy"):
+                cpu_copy.append(f"{i},{j}" if ln["cpu_copy"] is True else f"{i},{j},{float(ln['cpu_copy'])}")
     if shared:
         c.meta["link_shared"] = shared
     if pipelined:
         c.meta["link_pipelined"] = pipelined
+    if cpu_copy:
+        c.meta["link_cpu_copy"] = cpu_copy
 
 
 def _read_compute_groups(c: Cluster, groups, source: str) -> list[dict]:
@@ -564,14 +571,25 @@ def _read_compute_groups(c: Cluster, groups, source: str) -> list[dict]:
     return out
 
 
+def _link_flags(cluster: Cluster, key: str) -> np.ndarray:
+    out = np.zeros((cluster.num_devices, cluster.num_devices))
+    for k in cluster.meta.get(key, ()):
+        i, j, *f = str(k).split(",")
+        out[int(i), int(j)] = float(f[0]) if f else 1.0
+    return out
+
+
 def link_pipelined(cluster: Cluster) -> np.ndarray:
     """float64[D, D]: 1 where link i→j is pipelined (its latency does not hold the link: many transfers in
     flight, as gRPC between TF tasks), else 0 (the transfer holds the link for latency + bytes / bandwidth)."""
-    out = np.zeros((cluster.num_devices, cluster.num_devices))
-    for key in cluster.meta.get("link_pipelined", ()):
-        i, j = (int(x) for x in str(key).split(","))
-        out[i, j] = 1.0
-    return out
+    return _link_flags(cluster, "link_pipelined")
+
+
+def link_cpu_copy(cluster: Cluster) -> np.ndarray:
+    """float64[D, D]: 1 where a transfer on link i→j is done by both endpoints' processors (gRPC between
+    CPU-only TF tasks serialises and parses the tensor on the tasks' own cores), so that neither device computes
+    while it copies; 0 where a DMA engine or NIC moves the bytes (GPUs, the presets)."""
+    return _link_flags(cluster, "link_cpu_copy")
 
 
 def load_cluster(path: "str | os.PathLike") -> Cluster:
@@ -590,15 +608,8 @@ def load_cluster(path: "str | os.PathLike") -> Cluster:
 # ---- real local devices -----------------------------------------------------------------------------------------
 def short_device_name(name: str) -> str:
     """'/job:localhost/replica:0/task:0/device:GPU:0' or '/device:GPU:0' or 'gpu:0' -> '/GPU:0' (local names);
-    remote names (a job other than localhost) keep their full form."""
-    s = str(name).strip()
-    m = re.search(r"(?:device:)?([A-Za-z_]+):(\d+)\s*$", s)
-    if not m:
-        raise ClusterError(f"{name!r} is not a TF device name (expected e.g. /GPU:0, /CPU:0)")
-    job = re.search(r"/job:([^/]+)", s)
-    if job and job.group(1) != "localhost":
-        return s
-    return f"/{m.group(1).upper()}:{int(m.group(2))}"
+    remote names (a job other than localhost) keep TF's full form (`placer.devnames.canonical`)."""
+    return devnames.canonical(name)
 
 
 def _host_memory_bytes() -> int:
@@ -685,7 +696,7 @@ def cluster_from_tasks(tasks) -> Cluster:
         k = max(1, len(t.cores))
         share = k / host["cores"]
         for d in t.devices:
-            if d.rsplit("/device:", 1)[-1].upper().startswith("CPU:"):
+            if devnames.kind(d) == "CPU":
                 devs.append(make_device(d, "cpu", memory_bytes=mem, reserve_bytes=min(mem // 8, 2 * GiB),
                                         concurrency=k, peak_flops=host["peak_flops"] * share,
                                         mem_bandwidth=host["mem_bandwidth"] * share))
@@ -721,7 +732,7 @@ def cluster_from_reported(devices: Sequence[str], reported: dict[str, Sequence[s
         if missing:
             raise ClusterError(f"worker {addr} has no device {missing[0]} (it reports: "
                                f"{', '.join(sorted(have_short)) or 'none'})")
-    devs = [make_device(n, "cpu" if n.rsplit("/", 1)[-1].upper().startswith("CPU") else "V100") for n in names]
+    devs = [make_device(n, "cpu" if devnames.kind(n) == "CPU" else "V100") for n in names]
     return make_cluster(devs, name=",".join(names), spec=",".join(names), workers=sorted(reported))
 
 

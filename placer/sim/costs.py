@@ -34,6 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
+from placer import devnames
 from placer.errors import CostTableError, GraphImportError
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import PRESETS, Cluster, Device
@@ -410,11 +411,7 @@ def grappler_step_time(graph: OpGraph, cluster: Cluster, placement: np.ndarray |
     The peer the simulator is checked against."""
     full = {}
     for d in cluster.devices:
-        if d.name.startswith("/job:"):
-            full[d.name] = d.name
-        else:
-            kind, idx = d.name.strip("/").split(":")
-            full[d.name] = f"/job:localhost/replica:0/task:0/device:{kind}:{idx}"
+        full[d.name] = devnames.parse(d.name).full
     devices = None
     if placement is not None:
         names = cluster.device_names

@@ -23,6 +23,8 @@ class Outcome:
     failed         the placement cannot be used (OOM, error, timeout); `reason` says why
     runs           every timed run (measured evaluators), seconds
     on_assigned_device  fraction of executed ops that ran on their assigned device (measured), else None
+    lost_devices   indices of the evaluator's devices found dead while measuring (a TF cluster task that is
+                   down): the failure is theirs, not the placement's
     """
 
     step_time: float
@@ -32,6 +34,7 @@ class Outcome:
     reason: str | None = None
     runs: tuple[float, ...] = ()
     on_assigned_device: float | None = None
+    lost_devices: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:

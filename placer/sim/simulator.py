@@ -13,7 +13,11 @@ Semantics (issue 3):
   Control edges never transfer. A link that crosses a SHARED link (cluster JSON "links"[i][j]
   "shared": a node's NIC, a PCIe switch; "shared_links" gives its bandwidth) also queues FIFO on it: the
   transfer starts when both are free, runs at the slower of the two rates, and holds the shared link for
-  bytes / its bandwidth, so two flows through one NIC take turns.
+  bytes / its bandwidth, so two flows through one NIC take turns. On a *cpu_copy* link (`"cpu_copy": true`,
+  gRPC between CPU-only TF tasks) both endpoint devices' processors also do the copy, for `cpu_copy` (a
+  fraction, `true` = 1) of its bytes / bandwidth: a busy device's next op runs that much longer, an idle one
+  copies first and an op it starts meanwhile runs longer by the rest (first-order time sharing; the transfer
+  itself still arrives when the link says).
 - Memory per device: persistent bytes (variables, optimizer slots) of its ops for the whole step, plus
   activations: a tensor is allocated on its producer's device when the producer finishes (on a receiving
   device when the transfer arrives) and freed when its last consumer on that device finishes (the producer
@@ -46,7 +50,7 @@ from numba import njit
 
 from placer.errors import PlacementError
 from placer.graphs.opgraph import OpGraph, aliases_variable
-from placer.sim.cluster import Cluster, link_pipelined
+from placer.sim.cluster import Cluster, link_cpu_copy, link_pipelined
 from placer.sim.evaluator import Evaluator, Outcome
 
 ORDERS = {"ready": 0, "critical": 1}
@@ -134,7 +138,7 @@ def _top_levels(w, t_start, t_cons_ptr, t_cons, c_ptr, c_succ):
 
 
 @njit(cache=True, nogil=True)
-def _simulate_kernel(dev, cost, bw, lat, hold, sh, sh_bw, grp, gslow, conc, capacity, order_mode,
+def _simulate_kernel(dev, cost, bw, lat, hold, cc, sh, sh_bw, grp, gslow, conc, capacity, order_mode,
                      t_start, t_op, t_bytes, t_alloc, t_cons_ptr, t_cons, in_ptr, in_tensor, c_ptr, c_succ, indeg,
                      persistent,
                      op_start, op_end, x_tensor, x_src, x_dst, x_start, x_end, busy, peak):
@@ -165,6 +169,10 @@ def _simulate_kernel(dev, cost, bw, lat, hold, sh, sh_bw, grp, gslow, conc, capa
     sh_free = np.zeros(sh_bw.shape[0])   # shared links (a NIC, a PCIe switch): busy until, FIFO over their links
     running = np.zeros(D, np.int64)
     overlap = np.zeros(gslow.shape[0])
+    # cc links: a transfer is also work for both endpoints' processors. An idle device copies until
+    # copy_until[d] (an op started before then runs longer by the rest); a busy one owes debt[d] to its next op
+    copy_until = np.zeros(D)
+    debt = np.zeros(D)
     # rows 0..D-1: ready queues; row D: events (finish of op i: id i >= 0; arrival of transfer k: id -1-k).
     # At most sum(conc) ops run at once and each link has at most one arrival queued (its FIFO head).
     width = max(n + 1, int(conc.sum()) + D * D + 1)
@@ -190,15 +198,21 @@ def _simulate_kernel(dev, cost, bw, lat, hold, sh, sh_bw, grp, gslow, conc, capa
             while running[d] < conc[d] and rqn[d] > 0:
                 i = _rq_pop(rq1, rq2, rqn, d)
                 c = cost[i, d]
+                busy[d] += c
+                c += debt[d]            # copies for cc links (0 elsewhere): owed, or still running at `now`
+                debt[d] = 0.0
+                if copy_until[d] > now:
+                    c += copy_until[d] - now
+                    copy_until[d] = now
                 op_start[i] = now
                 running[d] += 1
-                busy[d] += c
                 _rq_push(rq1, rq2, rqn, EV, now + c, i)
         if rqn[EV] == 0:
             break
         nxt = rq1[EV, 0]
         # devices sharing one physical core (SMT siblings, tasks on shared cores): time during which two or
         # more of a group are busy stretches by 1/speed (first order; see compute_group_arrays)
+        # (a cc copy counts only through the op it lengthens)
         for g in range(gslow.shape[0]):
             k = 0
             for d in range(D):
@@ -243,6 +257,16 @@ def _simulate_kernel(dev, cost, bw, lat, hold, sh, sh_bw, grp, gslow, conc, capa
                                 if sh_bw[sk] < rate:
                                     rate = sh_bw[sk]
                                 sh_free[sk] = s0 + b / sh_bw[sk]
+                            if cc[d, j] > 0.0:
+                                # both processors copy, time-sharing with their compute: a device running an
+                                # op owes the copy time to its next op; an idle one copies until copy_until
+                                dt = cc[d, j] * b / rate
+                                for q in (d, j):
+                                    if running[q] > 0:
+                                        debt[q] += dt
+                                    else:
+                                        copy_until[q] = max(copy_until[q], now) + dt
+                                    busy[q] += dt
                             # the link is busy for the bytes, plus the latency where the latency holds it
                             # (hold = 1); arrival is the latency after the bytes (FIFO either way)
                             e1 = s0 + b / rate + lat[d, j] * hold[d, j]
@@ -476,6 +500,7 @@ class Simulator:
         self.bw = np.ascontiguousarray(cluster.bandwidth, np.float64)
         self.lat = np.ascontiguousarray(cluster.latency, np.float64)
         self.hold = np.ascontiguousarray(1.0 - link_pipelined(cluster), np.float64)
+        self.cc = np.ascontiguousarray(link_cpu_copy(cluster), np.float64)
         self.grp, self.gslow = compute_group_arrays(cluster)
         self.sh, self.sh_bw = shared_link_arrays(cluster)
         self.conc = np.asarray([max(1, int(d.concurrency)) for d in cluster.devices], np.int64)
@@ -527,7 +552,7 @@ class Simulator:
         busy = np.zeros(D)
         peak = np.zeros(D, np.int64)
         step, nx, xbytes = _simulate_kernel(
-            p, self.cost, self.bw, self.lat, self.hold, self.sh, self.sh_bw, self.grp, self.gslow, self.conc,
+            p, self.cost, self.bw, self.lat, self.hold, self.cc, self.sh, self.sh_bw, self.grp, self.gslow, self.conc,
             self.capacity, ORDERS[self.order],
             a.t_start, a.t_op, a.t_bytes, a.t_alloc, a.t_cons_ptr, a.t_cons, a.in_ptr, a.in_tensor, a.c_ptr, a.c_succ,
             a.indeg, a.persistent,
