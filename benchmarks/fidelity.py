@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import os
 import sys
 import time
@@ -360,7 +361,7 @@ def main(argv=None) -> int:
                          "(those of the published run: benchmarks/results/fidelity_data)")
     a = ap.parse_args(argv)
     started, mach = now(), machine()
-    command = "python benchmarks/fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/fidelity.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     records, base = [], []
     workdir = Path(a.workdir)
     models = [x.strip() for x in a.models.split(",") if x.strip()]

@@ -1,6 +1,6 @@
 """Scale: a ~100k-op graph (issue 14, item 5): import, group, simulate and search it, on this 2-core machine.
 
-    .venv/bin/python benchmarks/scale.py                                # gpt --layers 96, DGX1, fp16, 600 s
+    .venv/bin/python benchmarks/scale.py                                # gpt --layers 127 (~100k ops), DGX1, fp16, 600 s
     .venv/bin/python benchmarks/scale.py --layers 8 --budget 60 --no-write   # a quick look
 
 Targets: simulate <= 100 ms per step on one core, search within a 10-minute budget, peak memory < 8 GB.
@@ -134,7 +134,7 @@ def section(rec: dict, command: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=96)
+    ap.add_argument("--layers", type=int, default=127, help="gpt depth (default 127: ~787 ops per layer, ~100k ops)")
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--cluster", default="DGX1")
     ap.add_argument("--groups", type=int, default=0, help="max groups (default: the product's, min(256, 20 x GPUs))")

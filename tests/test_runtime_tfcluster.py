@@ -199,6 +199,23 @@ def test_calibrate_fits_links_and_writes_files_the_simulator_reads(tasks, mlp, t
     one = sim.simulate(np.zeros(mlp.num_ops, np.int64)).step_time
     split = sim.simulate((mlp.colocation % 2).astype(np.int64)).step_time
     assert 0 < one < split                                         # crossing tasks costs gRPC time
+    # the machine fit of `calibrate --fit-placements`: measured placements, the fitted figures in the cluster
+    from placer.runtime.calibrate import fit_to_placements
+    from placer.sim.fit import CPU_COPY, SHARED_SPEEDS, with_machine
+
+    fit = fit_to_placements(mlp, tasks.path, obj, tmp_path / "cal" / "costs.json", 5, rounds=1, runs=2, timeout=120)
+    assert fit["shared_speed"] in SHARED_SPEEDS and fit["cpu_copy"] in CPU_COPY and fit["median_abs_log_err"] >= 0
+    assert len(fit["placements"]) == 5 and all(p["measured_s"] > 0 and p["simulated_s"] > 0 for p in fit["placements"])
+    assert {"all_on_0", "all_on_1"} <= {p["source"] for p in fit["placements"]} or len(
+        {p["source"] for p in fit["placements"]}) == 5
+    fitted = parse_cluster_dict(with_machine(obj, fit["shared_speed"], fit["cpu_copy"]))
+    assert fitted.device_names == tasks.devices
+
+
+def parse_cluster_dict(obj):
+    from placer.sim.cluster import cluster_from_dict
+
+    return cluster_from_dict(obj, "fitted")
 
 
 # ---- bad input ----------------------------------------------------------------------------------------------------
