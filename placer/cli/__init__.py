@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reward", choices=["sim", "measure"], default="sim")
     p.add_argument("--warmup", type=int, default=2, help="with --reward measure: warm-up steps per placement (2)")
     p.add_argument("--runs", type=int, default=5, help="with --reward measure: timed steps per placement (5)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="with --reward measure: seconds before one measurement is cut (a failed evaluation; 600)")
     p.add_argument("--workers", help="remote measurement workers HOST:PORT,... (with --reward measure)")
     p.add_argument("--token-file", help="token for the workers")
     p.add_argument("--costs", help="cost table file (from `placer profile`)")

@@ -18,7 +18,7 @@ ARGS_FILE = "args.json"
 # args stored for --resume (everything `placer search` reads)
 _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
                 "token_file", "costs", "budget", "max_updates", "patience", "groups", "seed", "out", "no_progress",
-                "json", "remeasure", "warmup", "runs")
+                "json", "remeasure", "warmup", "runs", "timeout")
 
 
 def _save_args(out: Path, args) -> None:
@@ -91,7 +91,8 @@ def run_search(args) -> int:
 
             evaluator = make_evaluator(graph, args.devices if args.devices else problem.device_names,
                                        workers=args.workers, token_file=args.token_file,
-                                       warmup=int(getattr(args, "warmup", 2) or 0), runs=int(getattr(args, "runs", 5) or 1))
+                                       warmup=int(getattr(args, "warmup", 2) or 0), runs=int(getattr(args, "runs", 5) or 1),
+                                       timeout=float(getattr(args, "timeout", 600.0) or 600.0))
         search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0),
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,
                resume=resume, remeasure=getattr(args, "remeasure", True) is not False,
