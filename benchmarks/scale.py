@@ -128,7 +128,11 @@ def section(rec: dict, command: str) -> str:
         + f", returned {rec['returned_s']:.4f} s, expert "
         + (f"{rec['baselines'].get('expert'):.4f} s" if rec["baselines"].get("expert") is not None else "n/a")
         + (f", best baseline {best} {bl[best]:.4f} s" if best else "")
-        + f", lower bound {rec['lower_bound_s']:.4f} s.",
+        + f", lower bound {rec['lower_bound_s']:.4f} s."
+        + (f" {len(rec['baseline_errors'])} of {len(rec['baselines'])} baselines find no placement that fits "
+           f"({', '.join(sorted(rec['baseline_errors']))}); the first reason of each:" if rec.get("baseline_errors") else ""),
+        *([""] + [f"- {k}: {v.split(': ', 1)[-1].split('; ')[0][:140]}" for k, v in sorted(rec["baseline_errors"].items())]
+          if rec.get("baseline_errors") else []),
     ])
 
 
@@ -140,14 +144,19 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", type=int, default=0, help="max groups (default: the product's, min(256, 20 x GPUs))")
     ap.add_argument("--budget", type=float, default=600.0)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--rewrite", action="store_true", help="only rewrite the RESULTS.md section from results/scale.json")
     a = ap.parse_args(argv)
+    if a.rewrite:
+        rec = json.loads((RESULTS / "scale.json").read_text())
+        write_section("scale", section(rec, rec.get("command", "python benchmarks/scale.py")))
+        return 0
     command = "python benchmarks/scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
     started = now()
     with tempfile.TemporaryDirectory(prefix="placer-scale-") as cache:
         cold = child(COLD, [str(a.layers), a.precision], cache)
         print(f"cold import: {cold['ops']:,} ops in {cold['import_cold_s']:.1f} s", flush=True)
         rec = child(CACHED, [str(a.layers), a.precision, a.cluster, str(a.groups), str(a.budget)], cache)
-    rec.update({"layers": a.layers, "precision": a.precision, "cluster": a.cluster,
+    rec.update({"command": command.strip(), "layers": a.layers, "precision": a.precision, "cluster": a.cluster,
                 "import_cold_s": cold["import_cold_s"], "date": started, "machine": machine()})
     print(json.dumps({k: v for k, v in rec.items() if k not in ("baselines", "baseline_errors")}, indent=1))
     if not a.no_write:

@@ -165,6 +165,8 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
                                  model_name or problem.graph.name, progress, config, max_updates=max_updates)
     if reward == "measure":
         confirm_best(problem, evaluator, res, result)
+        if getattr(evaluator, "events", None):      # measurement workers that went out (and came back)
+            result.extra["workers_out"] = list(evaluator.events)
     if remeasure and reward == "sim" and problem.devices is not None:
         result.extra["measured"] = remeasure_best(problem, res)
     if out is not None:
@@ -290,7 +292,7 @@ def write_outputs(out: Path, problem: PlacementProblem, res, result: SearchResul
         "baseline_errors": x.get("baseline_errors", {}),
         "ratio_to_lower_bound": float(result.step_time / result.lower_bound) if result.lower_bound > 0 else None,
     }
-    for key in ("measured", "confirmed"):
+    for key in ("measured", "confirmed", "workers_out"):
         if key in x:
             summary[key] = x[key]
     summary.update(more or {})

@@ -167,3 +167,28 @@ def test_a_search_whose_devices_live_is_not_dropped(tmp_path):
     s = json.loads((tmp_path / "d" / "summary.json").read_text())
     assert "dropped" not in s and "excluded" not in s and ev.survivors is None
     problem.close()
+
+
+def test_measured_search_records_the_workers_that_went_out(tmp_path):
+    """A measured evaluator over workers (RemotePool) keeps the workers that went out; the summary lists them."""
+    from placer.graphs.models import build_model
+    from placer.problem import build_problem
+    from placer.search import search
+
+    problem = build_problem(build_model("nmt", "tiny"), "2xK80", seed=0)
+
+    class Pool:        # the simulator, with the RemotePool's record of a worker that went out and came back
+        devices = problem.device_names
+        events = [{"worker": "127.0.0.1:5", "event": "out", "reason": "UNAVAILABLE: Socket closed", "at_s": 1.5},
+                  {"worker": "127.0.0.1:5", "event": "rejoined", "reason": "", "at_s": 9.0}]
+
+        def evaluate(self, placements):
+            return problem.simulator.evaluate(placements)
+
+        def close(self):
+            pass
+
+    search(problem, Pool(), reward="measure", budget_seconds=60, max_updates=1, out_dir=tmp_path / "d")
+    s = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert s["workers_out"] == Pool.events and "dropped" not in s
+    problem.close()

@@ -160,6 +160,8 @@ def test_killing_a_worker_mid_batch_still_returns_every_result(graph, workers):
         assert len(outs) == 10 and all(o.ok for o in outs), [o.reason for o in outs if o.failed]
         assert all(o.on_assigned_device == 1.0 for o in outs)
         assert not wa.alive and pool.workers[1].alive
+        out = [e for e in pool.events if e["event"] == "out"]                 # what a search's summary records
+        assert [e["worker"] for e in out] == [addr_a] and out[0]["reason"] and out[0]["at_s"] > 0
         assert sum(o.worker == addr_b for o in outs) >= 6 and any(o.worker == addr_a for o in outs)
         # the last worker gone: the pool says so clearly
         os.kill(pb.pid, signal.SIGKILL)

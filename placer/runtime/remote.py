@@ -109,6 +109,9 @@ class RemotePool(Evaluator):
                                                   ("grpc.min_reconnect_backoff_ms", 500),
                                                   ("grpc.max_reconnect_backoff_ms", 5000)]
         self.workers: list[_Worker] = []
+        # every worker that went out or came back, for the search's summary ("workers_out")
+        self.events: list[dict] = []
+        self._t0 = time.monotonic()
         for a in addresses:
             ch = grpc.secure_channel(a, creds, options=opts) if creds else grpc.insecure_channel(a, options=opts)
             self.workers.append(_Worker(a, ch, placer_pb2_grpc.MeasurerStub(ch)))
@@ -118,6 +121,9 @@ class RemotePool(Evaluator):
     def _fail(self, w: _Worker, why: str, *, quiet: bool = False) -> None:
         if w.alive and not quiet:
             log.warning("measurement worker %s is out: %s", w.address, why)
+        if w.alive:
+            self.events.append({"worker": w.address, "event": "out", "reason": why,
+                                "at_s": round(time.monotonic() - self._t0, 3)})
         w.alive, w.loaded, w.reason, w.last_check = False, False, why, time.monotonic()
 
     def _rpc_error(self, e) -> str:
@@ -137,6 +143,8 @@ class RemotePool(Evaluator):
         if not w.alive:
             log.warning("measurement worker %s answers again: re-checking its devices and graph before it rejoins",
                         w.address)
+            self.events.append({"worker": w.address, "event": "rejoined", "reason": "",
+                                "at_s": round(time.monotonic() - self._t0, 3)})
         w.alive, w.reason, w.last_check = True, "", time.monotonic()
         return True
 
