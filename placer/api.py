@@ -20,7 +20,8 @@ __all__ = ["place", "replace", "Placement", "SearchResult", "resolve_placement"]
 def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seconds: float = 300,
           seed: int = 0, workers=None, costs=None, max_groups: int | None = None, out_dir=None,
           progress: bool = False, batch_size: int | None = None, fetches=None, max_updates: int | None = None,
-          token_file: str | None = None, config=None, allow_cpu: bool = False) -> SearchResult:
+          token_file: str | None = None, config=None, allow_cpu: bool = False, policy=None,
+          samples: int = 64) -> SearchResult:
     """Learn a placement for `graph` (an OpGraph, tf.Graph, GraphDef, MetaGraphDef, path, tf.function
     concrete function or compiled Keras model).
 
@@ -28,7 +29,13 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
     ["/GPU:0", "/GPU:1"], a tasks file). reward "sim" scores placements with the simulator, "measure" runs them
     (locally, on a TF cluster's tasks, or on `workers` "host:port" addresses). Returns a SearchResult whose
     `.placement` saves to placement.json.
+
+    policy: a pretrained portable policy (`placer pretrain`'s directory, "default" for the shipped one, or
+    `PortableWeights`): the search starts from its zero-shot answer (the best of `samples` placements it samples,
+    `.extra["zero_shot"]`) instead of imitating a baseline; with `budget_seconds=0` that answer is all (seconds).
     """
+    if budget_seconds == 0 and policy is None:
+        raise PlacerError("budget_seconds=0 places with a pretrained policy only: give policy= (e.g. 'default')")
     if (cluster is None) == (devices is None):
         raise PlacerError("place() needs exactly one of cluster= (simulated hardware) or devices= (real devices)")
     if reward == "measure" and devices is None and not workers:
@@ -51,8 +58,16 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
 
             evaluator = make_evaluator(og, devices if devices is not None else problem.device_names,
                                        workers=workers, token_file=token_file)
+        if policy is not None:
+            from dataclasses import replace as dc_replace
+
+            from placer.rl.reinforce import ReinforceConfig
+
+            config = dc_replace(config or ReinforceConfig(seed=seed), zero_shot_samples=int(samples))
+            if budget_seconds == 0:
+                budget_seconds, max_updates = 1.0, 0
         return search(problem, evaluator, reward=reward, budget_seconds=budget_seconds, seed=seed, config=config,
-                      out_dir=out_dir, progress=progress, max_updates=max_updates)
+                      out_dir=out_dir, progress=progress, max_updates=max_updates, policy=policy)
     finally:
         if evaluator is not None:
             evaluator.close()

@@ -122,6 +122,58 @@ class SearchResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def policy_inputs(problem: PlacementProblem):
+    """`PolicyInputs` for a portable policy: group features (per graph), per group × device the compute load
+    (relative to an even split of the graph over the accelerators) and the memory share (the group's variables
+    over the device's memory), and per device its properties relative to this cluster and graph:
+    speed (the graph's compute on the fastest device over its compute on this one), memory (capacity over the
+    graph's variable bytes, at most 4), CPU or not, mean and minimum link bandwidth to the other devices (over
+    the cluster's fastest link), the graph's communication-to-computation ratio, and log2(D)/4."""
+    from placer.rl.portable import PolicyInputs, group_features
+
+    graph, cluster, cost, grouping = problem.graph, problem.cluster, problem.cost, problem.grouping
+    D = cluster.num_devices
+    c = np.where(np.isfinite(cost), cost, 0.0)
+    gpus = [i for i in cluster.gpu_indices] or list(range(D))
+    total = c.sum(axis=0)                                               # [D] the graph's compute per device
+    fastest = float(min(total[i] for i in gpus)) if gpus else float(total.min())
+    fastest = max(fastest, 1e-12)
+    share = fastest / max(1, len(gpus))
+    g_cost = np.zeros((grouping.num_groups, D))
+    np.add.at(g_cost, grouping.op_group, c)
+    pers = np.bincount(grouping.op_group, weights=np.asarray(graph.persistent_bytes, np.float64),
+                       minlength=grouping.num_groups)
+    cap = np.array([max(float(d.capacity_bytes), 1.0) for d in cluster.devices])
+    bw = np.asarray(cluster.bandwidth, np.float64)
+    off = ~np.eye(D, dtype=bool)
+    bw_off = np.where(off, bw, np.nan)
+    top = float(np.nanmax(bw_off)) if D > 1 else 1.0
+    link_mean = np.nan_to_num(np.nanmean(bw_off, axis=1) / top) if D > 1 else np.ones(D)
+    link_min = np.nan_to_num(np.nanmin(bw_off, axis=1) / top) if D > 1 else np.ones(D)
+    moved = float(np.asarray(graph.tensor_bytes, np.float64)[np.asarray(graph.edge_tensor)].sum()) \
+        if len(graph.edge_src) else 0.0
+    comm = np.log1p((moved / max(top, 1.0)) / share) / 5.0
+    need = max(float(pers.sum()), 1.0)
+    dev = np.stack([np.clip(fastest / np.maximum(total, 1e-12), 0, 1), np.minimum(cap / need, 4.0),
+                    np.array([float(d.is_cpu) for d in cluster.devices]), link_mean, link_min,
+                    np.full(D, comm), np.full(D, np.log2(max(D, 1)) / 4.0)], 1)
+    return PolicyInputs(group=group_features(grouping), adjacency=np.asarray(grouping.adjacency, np.float32),
+                        load=(g_cost / share).astype(np.float32), mem=(pers[:, None] / cap[None]).astype(np.float32),
+                        device=dev.astype(np.float32))
+
+
+def load_policy(policy):
+    """A pretrained portable policy: `PortableWeights` as is, "default" (the shipped one) or a directory."""
+    from placer.rl.portable import PortableWeights, resolve_policy
+
+    if isinstance(policy, PortableWeights):
+        return policy
+    d = resolve_policy(policy)
+    w = PortableWeights.load(d)
+    w.info = {**getattr(w, "info", {}), "path": "default" if str(policy) == "default" else str(d)}
+    return w
+
+
 def versions() -> dict[str, str]:
     from placer._version import __version__
 
@@ -131,11 +183,15 @@ def versions() -> dict[str, str]:
 def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", budget_seconds: float = 300,
            seed: int | None = None, config=None, out_dir=None, progress: bool = False,
            max_updates: int | None = None, patience: int | None = None, resume: bool = False,
-           remeasure: bool = True, model_name: str | None = None) -> SearchResult:
+           remeasure: bool = True, model_name: str | None = None, policy=None) -> SearchResult:
     """Search a placement for `problem`. `evaluator` scores placements (default: the problem's simulator; a
     runtime evaluator for measured rewards, whose devices must be the problem's). `reward` labels the summary
     ("sim" or "measure"). Writes the files of CLI.md into `out_dir` when given; `resume` continues the search
-    checkpointed there."""
+    checkpointed there. `policy`: a pretrained portable policy (`placer pretrain`: a directory, "default" for the
+    shipped one, or `PortableWeights`) to start from instead of a baseline's imitation: its zero-shot batch first
+    (`extra["zero_shot"]`), then the search fine-tunes it (`max_updates=0`: the zero-shot answer alone)."""
+    from dataclasses import replace as dc_replace
+
     from placer.rl.reinforce import ReinforceConfig
     from placer.rl.search import Search
 
@@ -152,14 +208,21 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     t0 = time.perf_counter()
     cluster = problem.cluster
     out = Path(out_dir) if out_dir is not None else None
+    config = config or ReinforceConfig(seed=seed)
+    weights = load_policy(policy) if policy is not None else None
+    if weights is not None:
+        config = dc_replace(config, portable=True, hidden_size=weights.hidden_size, attn_size=weights.attn_size)
     s = Search(problem.grouping, evaluator, cpu_index=cluster.cpu_index, allowed=problem.allowed,
-               baselines=problem.baselines, config=config or ReinforceConfig(seed=seed), seed=seed, out_dir=out,
-               progress=progress, device_capacity=[d.capacity_bytes for d in cluster.devices])
+               baselines=problem.baselines, config=config, seed=seed, out_dir=out,
+               progress=progress, device_capacity=[d.capacity_bytes for d in cluster.devices],
+               policy_inputs=lambda: policy_inputs(problem), pretrained=weights)
     if resume and (out is None or not s.load_checkpoint()):
         raise SearchError(f"no checkpoint to resume in {out / 'checkpoint' if out else '(no directory)'}")
     watch = _watched(evaluator, reward, s)
     res = s.run(budget_seconds, max_updates=max_updates, patience=patience)
-    result = _result(problem, res, t0, out, config=s.config.to_dict(), failure_step_time_s=res.failure_step_time)
+    result = _result(problem, res, t0, out, config=s.config.to_dict(), failure_step_time_s=res.failure_step_time,
+                     **({"zero_shot": dict(res.zero_shot)} if res.zero_shot else {}),
+                     **({"policy": getattr(weights, "info", {}).get("path", str(policy))} if weights is not None else {}))
     if watch is not None and res.stop_reason == "devices_lost":
         return _drop_and_replace(problem, evaluator, watch, res, result, t0, out, budget_seconds, seed,
                                  model_name or problem.graph.name, progress, config, max_updates=max_updates)
@@ -292,7 +355,7 @@ def write_outputs(out: Path, problem: PlacementProblem, res, result: SearchResul
         "baseline_errors": x.get("baseline_errors", {}),
         "ratio_to_lower_bound": float(result.step_time / result.lower_bound) if result.lower_bound > 0 else None,
     }
-    for key in ("measured", "confirmed", "workers_out"):
+    for key in ("measured", "confirmed", "workers_out", "zero_shot", "policy"):
         if key in x:
             summary[key] = x[key]
     summary.update(more or {})

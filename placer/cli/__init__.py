@@ -27,6 +27,9 @@ COMMANDS = {
     # ---- TF cluster devices and calibration (second wave; parser block: _add_cluster_commands) ----
     "cluster": "placer.cli.runtime:run_cluster",
     "calibrate": "placer.cli.runtime:run_calibrate",
+    # ---- pretrained policies (issue 13) ----
+    "place": "placer.cli.search:run_place",
+    "pretrain": "placer.cli.search:run_pretrain",
 }
 
 
@@ -111,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="output directory")
     p.add_argument("--resume", metavar="DIR", help="continue the search saved in DIR")
+    p.add_argument("--policy", help="start from a pretrained policy (a `placer pretrain` directory, or 'default' "
+                                    "for the shipped one) instead of imitating a baseline")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _json_flag(p)
 
@@ -168,6 +173,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-anneal", action="store_true",
                    help="skip the annealing reference per cell (anneal_s, policy_s_at_evals, anneal_s_at_evals)")
     p.add_argument("--no-progress", action="store_true")
+
+    p = sub.add_parser("place", help="place a graph with a pretrained policy in seconds (zero-shot, or a short "
+                                     "fine-tune with --budget)")
+    _graph_args(p)
+    p.add_argument("--policy", default="default", help="a `placer pretrain` directory, or 'default' (shipped)")
+    p.add_argument("--cluster", required=True, help="simulated hardware: NxKIND, a topology preset or a cluster JSON")
+    p.add_argument("--costs", help="cost table file (from `placer profile`)")
+    p.add_argument("--samples", type=int, default=64, help="placements sampled from the policy (default 64)")
+    p.add_argument("--budget", type=float, default=0.0,
+                   help="seconds of fine-tuning after the zero-shot answer (default 0: none)")
+    p.add_argument("--groups", type=int, help="number of groups (default min(256, 20 x #devices))")
+    p.add_argument("--no-baselines", action="store_true",
+                   help="skip computing the baselines (faster on large graphs; the answer is the policy's alone)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _json_flag(p)
+
+    p = sub.add_parser("pretrain", help="train a portable policy over a corpus of graphs and clusters")
+    p.add_argument("--out", required=True, help="policy directory to write (policy.npz, policy.json)")
+    p.add_argument("--budget", type=float, default=1800.0, help="training seconds (default 1800; building the "
+                                                                 "corpus comes on top)")
+    p.add_argument("--corpus", default="default", help="default (LSTM families + random Keras stacks) or quick")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    _json_flag(p)
 
     p = sub.add_parser("demo", help="a short real search on an embedded default (NMT on 4 simulated K80s)")
     p.add_argument("--budget", type=float, default=90.0, help="search seconds (default 90)")

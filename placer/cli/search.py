@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from placer.errors import SearchError
 
 ARGS_FILE = "args.json"
 # args stored for --resume (everything `placer search` reads)
 _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
                 "token_file", "costs", "budget", "max_updates", "patience", "groups", "seed", "out", "no_progress",
-                "json", "remeasure", "warmup", "runs", "timeout")
+                "json", "remeasure", "warmup", "runs", "timeout", "policy")
 
 
 def _save_args(out: Path, args) -> None:
@@ -96,7 +98,7 @@ def run_search(args) -> int:
         search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0),
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,
                resume=resume, remeasure=getattr(args, "remeasure", True) is not False,
-               model_name=args.model or graph.name)
+               model_name=args.model or graph.name, policy=getattr(args, "policy", None) or None)
     finally:
         if evaluator is not None:
             evaluator.close()
@@ -131,6 +133,73 @@ def run_replace(args) -> int:
     print(f"quick answer after losing {', '.join(summary['excluded'])}: {summary['quick_s'] * 1e3:.3f} ms "
           f"({summary['quick_source']}, {summary['quick_wall_s']:.1f} s)")
     _print_summary(summary, out)
+    return 0
+
+
+def run_place(args) -> int:
+    """`placer place --policy P (GRAPH | --model M) --cluster C --out DIR`: the pretrained policy's zero-shot
+    answer (the best of --samples placements by the simulator, against the baselines), then --budget seconds of
+    fine-tuning if asked. Writes placement.json and summary.json as `placer search` does (+ "zero_shot")."""
+    import time
+
+    from placer.cli import load_from_args
+    from placer.problem import build_problem
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.search import load_policy, search
+
+    t0 = time.perf_counter()
+    if args.samples < 1:
+        raise SearchError(f"--samples must be at least 1, got {args.samples}")
+    if args.budget < 0:
+        raise SearchError(f"--budget must be 0 or more, got {args.budget}")
+    out = Path(args.out)
+    if (out / "checkpoint").exists():
+        raise SearchError(f"{out} already holds a search; pick another --out")
+    weights = load_policy(args.policy)         # a bad policy fails before the graph is read
+    graph = load_from_args(args)
+    problem = build_problem(graph, args.cluster, costs=args.costs, max_groups=args.groups, seed=args.seed,
+                            baselines=not args.no_baselines)
+    try:
+        res = search(problem, budget_seconds=args.budget if args.budget > 0 else 1.0, seed=args.seed,
+                     config=ReinforceConfig(seed=args.seed, zero_shot_samples=args.samples), out_dir=out,
+                     progress=not args.no_progress, max_updates=None if args.budget > 0 else 0, policy=weights,
+                     model_name=args.model or graph.name)
+    finally:
+        problem.close()
+    summary = json.loads((out / "summary.json").read_text())
+    summary["place_wall_s"] = time.perf_counter() - t0
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if getattr(args, "json", False):
+        from placer.cli import print_json
+
+        print_json(summary)
+        return 0
+    z = res.extra.get("zero_shot", {})
+    best = z.get("best_s")
+    print(f"zero-shot: {z.get('samples', 0)} placements from {summary.get('policy')}, {z.get('fits', 0)} fit, "
+          f"best {'none' if best is None else f'{best * 1e3:.3f} ms'} ({z.get('wall_s', 0):.1f} s); "
+          f"total {summary['place_wall_s']:.1f} s")
+    _print_summary(summary, out)
+    return 0
+
+
+def run_pretrain(args) -> int:
+    """`placer pretrain --out DIR [--budget S] [--corpus default|quick]`."""
+    from placer.pretrain import pretrain
+
+    info = pretrain(args.out, budget_seconds=float(args.budget), corpus=args.corpus, seed=int(args.seed),
+                    progress=not args.no_progress)
+    if getattr(args, "json", False):
+        from placer.cli import print_json
+
+        print_json(info)
+        return 0
+    print(f"pretrained on {len(info['problems'])} problems ({info['corpus']} corpus, {len(info['skipped'])} skipped) "
+          f"for {info['train_wall_s']:.0f} s ({info['updates']} updates; corpus built in {info['build_wall_s']:.0f} s)"
+          f": {args.out}")
+    for name, r in info["per_problem"].items():
+        g = r["greedy_over_best_baseline"]
+        print(f"  {name:34s} greedy / best baseline {g:.3f}" if np.isfinite(g) else f"  {name:34s} greedy fails")
     return 0
 
 

@@ -111,7 +111,121 @@ def _lstm_seq(xw: tf.Tensor, c0: tf.Tensor, h0: tf.Tensor, wh: tf.Tensor):
     return hs, grad
 
 
-class PlacementPolicy(tf.Module):
+class PolicyCommon:
+    """What every placement policy here shares (this one and `placer.rl.portable.PortablePolicy`): the encoder,
+    logit clipping and noise, batched sampling around the subclass's `_decode`, teacher-forced scoring around its
+    `_log_softmax`, and the checkpoint state. A subclass sets num_groups, num_devices, hidden_size, temperature,
+    tanh_constant, explore, allowed, not_allowed, rng and the tf.functions, and implements `_encoder_inputs`,
+    `_decode` and `_log_softmax`."""
+
+    def _encode(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Bi-LSTM over the groups (batch 1: the input is the same for every sample).
+        Returns enc [G, H], attention memory W1·enc [G, A], and the final state (c, h) [1, H]."""
+        x, fw_wx, fw_wh, fw_b, bw_wx, bw_wh, bw_b, attn_w1 = self._encoder_inputs()
+        h2 = self.hidden_size // 2
+        xw_fw = x @ fw_wx + fw_b               # [G, 4h2]
+        xw_bw = tf.reverse(x, [0]) @ bw_wx + bw_b
+
+        def step(carry, xw):
+            c_f, h_f, c_b, h_b = carry
+            c_f, h_f = _lstm_gates(xw[0][None] + h_f @ fw_wh, c_f)
+            c_b, h_b = _lstm_gates(xw[1][None] + h_b @ bw_wh, c_b)
+            return c_f, h_f, c_b, h_b
+
+        z = tf.zeros([1, h2])
+        c_f, h_f, c_b, h_b = tf.scan(step, tf.stack([xw_fw, xw_bw], axis=1), initializer=(z, z, z, z))
+        enc = tf.concat([h_f[:, 0], tf.reverse(h_b[:, 0], [0])], axis=-1)  # [G, H], aligned per group
+        last_c = tf.concat([c_f[-1], c_b[-1]], axis=-1)
+        last_h = tf.concat([h_f[-1], h_b[-1]], axis=-1)
+        return enc, enc @ attn_w1, last_c, last_h
+
+    def _clip(self, raw: tf.Tensor) -> tf.Tensor:
+        """C · tanh(raw / T) (the controller divides by the temperature, then clips with tanh)."""
+        if self.tanh_constant <= 0:          # as in the controller: tanh_constant <= 0 turns clipping off
+            return raw / self.temperature
+        return self.tanh_constant * tf.tanh(raw / self.temperature)
+
+    @staticmethod
+    def _noise_std(logits: tf.Tensor, axes) -> tf.Tensor:
+        """The controller's noise scale: RMS of the logits (no gradient through it)."""
+        return tf.stop_gradient(tf.sqrt(tf.reduce_mean(tf.square(logits), axis=axes, keepdims=True)))
+
+    # ---------------------------------------------------------------- sampling
+    def _sample(self, k: tf.Tensor, noise_scale: tf.Tensor, greedy: tf.Tensor):
+        with tf.device(POLICY_DEVICE):
+            G, D = self.num_groups, self.num_devices
+            enc, mem, c0, h0 = self._encode()
+            # all randomness drawn up front (fewer ops per loop step): logit noise and Gumbel noise
+            eps = self.rng.normal([G, k, D])
+            gumbel = -tf.math.log(-tf.math.log(self.rng.uniform([G, k, D], 1e-20, 1.0)))
+            gumbel = tf.where(greedy, tf.zeros_like(gumbel), gumbel)
+            # ε-uniform exploration: which (group, sample) pairs are drawn uniformly, and that uniform draw
+            uniform_a = tf.cast(tf.argmax(self.rng.uniform([G, k, D], 1e-20, 1.0) + self.not_allowed[:, None, :],
+                                          -1), tf.int32)                                     # [G, K]
+            explore = tf.logical_and(self.rng.uniform([G, k]) < self.explore, tf.logical_not(greedy))
+            actions = self._decode_fn(enc, mem, c0, h0, eps, gumbel, uniform_a, explore, noise_scale)
+            return tf.transpose(actions), tf.transpose(eps, [1, 0, 2])
+
+    def sample(self, k: int, noise_scale: float = 0.0, greedy: bool = False):
+        """Draw k placements: int32[k, G] device per group, and the standard-normal logit noise
+        float32[k, G, D] used (pass it to `log_probs`). greedy=True takes the argmax instead of sampling."""
+        with tf.device(POLICY_DEVICE):
+            a, eps = self._sample_fn(tf.constant(int(k), tf.int32), tf.constant(float(noise_scale), tf.float32),
+                                     tf.constant(bool(greedy)))
+            return a.numpy(), eps.numpy()
+
+    # ---------------------------------------------------------------- scoring (teacher forcing)
+    def _log_probs(self, actions: tf.Tensor, noise: tf.Tensor, noise_scale: tf.Tensor, mixture: bool = True,
+                   history: tf.Tensor | None = None):
+        """mixture=False scores under the softmax alone (imitation fits π itself, not the exploration mix).
+        history: int32[K, G] devices fed to the decoder as the previous groups' choices (default: `actions`,
+        i.e. teacher forcing); imitation feeds perturbed histories so the policy keeps its choice for a group
+        when an earlier group was placed elsewhere."""
+        with tf.device(POLICY_DEVICE):
+            logsm = self._log_softmax(actions if history is None else history, noise, noise_scale)
+            p = tf.exp(logsm)
+            if mixture and self.explore > 0:   # log-probability under the mixture (1-ε)·π + ε·uniform(allowed)
+                allowed = tf.cast(self.allowed, tf.float32)
+                uniform = allowed / tf.reduce_sum(allowed, -1, keepdims=True)                      # [G, D]
+                mix = tf.math.log((1.0 - self.explore) * p + self.explore * uniform[None] + 1e-30)
+                logp = tf.reduce_sum(tf.gather(mix, actions, batch_dims=2), axis=1)
+            else:
+                logp = tf.reduce_sum(tf.gather(logsm, actions, batch_dims=2), axis=1)             # [K]
+            entropy = -tf.reduce_mean(tf.reduce_sum(tf.where(self.allowed[None], p * logsm, 0.0), -1), axis=1)
+            return logp, entropy
+
+    def group_log_probs(self, history) -> np.ndarray:
+        """float32[K, G, D]: log π(device | group, the earlier groups placed as in `history`) (teacher forcing)."""
+        with tf.device(POLICY_DEVICE):
+            h = tf.convert_to_tensor(np.asarray(history, np.int32))
+            return self._log_softmax(h, tf.zeros([h.shape[0], self.num_groups, self.num_devices]), 0.0).numpy()
+
+    def log_probs(self, actions, noise=None, noise_scale: float = 0.0):
+        """Teacher-forced log-probability of each placement (sum over groups) float32[K] and the mean
+        per-group entropy float32[K]. Differentiable: call under a `tf.GradientTape`."""
+        with tf.device(POLICY_DEVICE):
+            actions = tf.convert_to_tensor(actions, tf.int32)
+            if noise is None:
+                noise = tf.zeros([actions.shape[0], self.num_groups, self.num_devices])
+            return self._log_probs_fn(actions, tf.convert_to_tensor(noise, tf.float32),
+                                      tf.constant(float(noise_scale), tf.float32))
+
+    # ---------------------------------------------------------------- state (for checkpoints)
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Every weight and the RNG state as numpy arrays (keyed by variable name)."""
+        state = {v.name: v.numpy() for v in self.trainable_variables}
+        state["__rng_state__"] = self.rng.state.numpy()
+        return state
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        for v in self.trainable_variables:
+            if v.name not in state or tuple(state[v.name].shape) != tuple(v.shape):
+                raise KeyError(f"checkpoint has no weight {v.name} of shape {tuple(v.shape)}")
+            v.assign(state[v.name])
+        self.rng.state.assign(state["__rng_state__"])
+
+
+class PlacementPolicy(PolicyCommon, tf.Module):
     """Seq2seq placement policy for one grouping (G groups, F features) and one device set (D devices).
 
     features: float32[G, F] group features (Grouping.features); allowed: bool[G, D] (every row needs at least
@@ -190,58 +304,16 @@ class PlacementPolicy(tf.Module):
             tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32), spec_f])
 
     # ---------------------------------------------------------------- shared pieces
-    def _encode(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
-        """Bi-LSTM over the groups (batch 1: the input is the same for every sample).
-        Returns enc [G, H], attention memory W1·enc [G, A], and the final state (c, h) [1, H]."""
+    def _encoder_inputs(self):
         x = self.features if self.group_emb is None else tf.concat([self.features, self.group_emb], -1)
-        h2 = self.hidden_size // 2
-        xw_fw = x @ self.enc_fw_wx + self.enc_fw_b               # [G, 4h2]
-        xw_bw = tf.reverse(x, [0]) @ self.enc_bw_wx + self.enc_bw_b
-
-        def step(carry, xw):
-            c_f, h_f, c_b, h_b = carry
-            c_f, h_f = _lstm_gates(xw[0][None] + h_f @ self.enc_fw_wh, c_f)
-            c_b, h_b = _lstm_gates(xw[1][None] + h_b @ self.enc_bw_wh, c_b)
-            return c_f, h_f, c_b, h_b
-
-        z = tf.zeros([1, h2])
-        c_f, h_f, c_b, h_b = tf.scan(step, tf.stack([xw_fw, xw_bw], axis=1), initializer=(z, z, z, z))
-        enc = tf.concat([h_f[:, 0], tf.reverse(h_b[:, 0], [0])], axis=-1)  # [G, H], aligned per group
-        last_c = tf.concat([c_f[-1], c_b[-1]], axis=-1)
-        last_h = tf.concat([h_f[-1], h_b[-1]], axis=-1)
-        return enc, enc @ self.attn_w1, last_c, last_h
+        return (x, self.enc_fw_wx, self.enc_fw_wh, self.enc_fw_b, self.enc_bw_wx, self.enc_bw_wh, self.enc_bw_b,
+                self.attn_w1)
 
     def _input_table(self) -> tf.Tensor:
         """The decoder's input term for each previous device: embedding × dec_wx, [D+1, 4H] (row D = "go")."""
         return tf.concat([self.device_emb, self.go_emb], 0) @ self.dec_wx
 
-    def _clip(self, raw: tf.Tensor) -> tf.Tensor:
-        """C · tanh(raw / T) (the controller divides by the temperature, then clips with tanh)."""
-        if self.tanh_constant <= 0:          # as in the controller: tanh_constant <= 0 turns clipping off
-            return raw / self.temperature
-        return self.tanh_constant * tf.tanh(raw / self.temperature)
-
-    @staticmethod
-    def _noise_std(logits: tf.Tensor, axes) -> tf.Tensor:
-        """The controller's noise scale: RMS of the logits (no gradient through it)."""
-        return tf.stop_gradient(tf.sqrt(tf.reduce_mean(tf.square(logits), axis=axes, keepdims=True)))
-
     # ---------------------------------------------------------------- sampling
-    def _sample(self, k: tf.Tensor, noise_scale: tf.Tensor, greedy: tf.Tensor):
-        with tf.device(POLICY_DEVICE):
-            G, D = self.num_groups, self.num_devices
-            enc, mem, c0, h0 = self._encode()
-            # all randomness drawn up front (fewer ops per loop step): logit noise and Gumbel noise
-            eps = self.rng.normal([G, k, D])
-            gumbel = -tf.math.log(-tf.math.log(self.rng.uniform([G, k, D], 1e-20, 1.0)))
-            gumbel = tf.where(greedy, tf.zeros_like(gumbel), gumbel)
-            # ε-uniform exploration: which (group, sample) pairs are drawn uniformly, and that uniform draw
-            uniform_a = tf.cast(tf.argmax(self.rng.uniform([G, k, D], 1e-20, 1.0) + self.not_allowed[:, None, :],
-                                          -1), tf.int32)                                     # [G, K]
-            explore = tf.logical_and(self.rng.uniform([G, k]) < self.explore, tf.logical_not(greedy))
-            actions = self._decode_fn(enc, mem, c0, h0, eps, gumbel, uniform_a, explore, noise_scale)
-            return tf.transpose(actions), tf.transpose(eps, [1, 0, 2])
-
     def _decode(self, enc, mem, c0, h0, eps, gumbel, uniform_a, explore, noise_scale):
         """The autoregressive decoder loop (deterministic given the pre-drawn noise): int32[G, K] devices.
         XLA-compiled by default (`jit`): one fused program instead of ~25 small ops per group, 3x faster at
@@ -276,24 +348,12 @@ class PlacementPolicy(tf.Module):
                 prev = a
             return actions.stack()
 
-    def sample(self, k: int, noise_scale: float = 0.0, greedy: bool = False):
-        """Draw k placements: int32[k, G] device per group, and the standard-normal logit noise
-        float32[k, G, D] used (pass it to `log_probs`). greedy=True takes the argmax instead of sampling."""
-        with tf.device(POLICY_DEVICE):
-            a, eps = self._sample_fn(tf.constant(int(k), tf.int32), tf.constant(float(noise_scale), tf.float32),
-                                     tf.constant(bool(greedy)))
-            return a.numpy(), eps.numpy()
-
     # ---------------------------------------------------------------- scoring (teacher forcing)
-    def _log_probs(self, actions: tf.Tensor, noise: tf.Tensor, noise_scale: tf.Tensor, mixture: bool = True,
-                   history: tf.Tensor | None = None):
-        """mixture=False scores under the softmax alone (imitation fits π itself, not the exploration mix).
-        history: int32[K, G] devices fed to the decoder as the previous groups' choices (default: `actions`,
-        i.e. teacher forcing); imitation feeds perturbed histories so the policy keeps its choice for a group
-        when an earlier group was placed elsewhere."""
+    def _log_softmax(self, hist: tf.Tensor, noise: tf.Tensor, noise_scale) -> tf.Tensor:
+        """Teacher-forced log-softmax over the devices [K, G, D], the decoder reading `hist` as the earlier
+        groups' devices."""
         with tf.device(POLICY_DEVICE):
-            hist = actions if history is None else history
-            k = tf.shape(actions)[0]
+            k = tf.shape(hist)[0]
             enc, mem, c0, h0 = self._encode()
             # decoder inputs go, emb(a_0), ..., emb(a_{G-2}) times dec_wx
             prev = tf.concat([tf.fill([1, k], self.num_devices), tf.transpose(hist[:, :-1])], 0)      # [G, K]
@@ -309,38 +369,4 @@ class PlacementPolicy(tf.Module):
             logits = self._clip(tf.concat([hs, ctx], -1) @ self.out_w + trans)                    # [K, G, D]
             logits += noise_scale * self._noise_std(logits, [0, 2]) * noise
             logits = tf.where(self.allowed[None], logits, _NEG)
-            logsm = tf.nn.log_softmax(logits)
-            p = tf.exp(logsm)
-            if mixture and self.explore > 0:   # log-probability under the mixture (1-ε)·π + ε·uniform(allowed)
-                allowed = tf.cast(self.allowed, tf.float32)
-                uniform = allowed / tf.reduce_sum(allowed, -1, keepdims=True)                      # [G, D]
-                mix = tf.math.log((1.0 - self.explore) * p + self.explore * uniform[None] + 1e-30)
-                logp = tf.reduce_sum(tf.gather(mix, actions, batch_dims=2), axis=1)
-            else:
-                logp = tf.reduce_sum(tf.gather(logsm, actions, batch_dims=2), axis=1)             # [K]
-            entropy = -tf.reduce_mean(tf.reduce_sum(tf.where(self.allowed[None], p * logsm, 0.0), -1), axis=1)
-            return logp, entropy
-
-    def log_probs(self, actions, noise=None, noise_scale: float = 0.0):
-        """Teacher-forced log-probability of each placement (sum over groups) float32[K] and the mean
-        per-group entropy float32[K]. Differentiable: call under a `tf.GradientTape`."""
-        with tf.device(POLICY_DEVICE):
-            actions = tf.convert_to_tensor(actions, tf.int32)
-            if noise is None:
-                noise = tf.zeros([actions.shape[0], self.num_groups, self.num_devices])
-            return self._log_probs_fn(actions, tf.convert_to_tensor(noise, tf.float32),
-                                      tf.constant(float(noise_scale), tf.float32))
-
-    # ---------------------------------------------------------------- state (for checkpoints)
-    def get_state(self) -> dict[str, np.ndarray]:
-        """Every weight and the RNG state as numpy arrays (keyed by variable name)."""
-        state = {v.name: v.numpy() for v in self.trainable_variables}
-        state["__rng_state__"] = self.rng.state.numpy()
-        return state
-
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
-        for v in self.trainable_variables:
-            if v.name not in state or tuple(state[v.name].shape) != tuple(v.shape):
-                raise KeyError(f"checkpoint has no weight {v.name} of shape {tuple(v.shape)}")
-            v.assign(state[v.name])
-        self.rng.state.assign(state["__rng_state__"])
+            return tf.nn.log_softmax(logits)

@@ -75,6 +75,9 @@ class ReinforceConfig:
     imitation_rows: int = 8          # imitation batch: the placement + 7 copies with perturbed decoder histories
     imitation_perturb: float = 2.0   # ...each with on average this many groups moved (DAgger-style)
     imitation_group_rows: int = 640  # ...at most this many rows × groups per step (8 rows up to G = 80, 2 at 256)
+    # --- pretrained (portable) policy: placer.rl.portable ---
+    portable: bool = False           # the size- and device-count-independent policy (placer.rl.portable)
+    zero_shot_samples: int = 64      # placements sampled from a pretrained policy before any update (one is greedy)
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -95,20 +98,24 @@ class Reinforce:
     noise, rewards)` → stats dict. `get_state()` / `set_state()` give everything a checkpoint needs.
     """
 
-    def __init__(self, features: np.ndarray, allowed: np.ndarray, config: ReinforceConfig | None = None):
+    def __init__(self, features: np.ndarray, allowed: np.ndarray, config: ReinforceConfig | None = None,
+                 policy=None, optimizer=None):
         import keras
 
         self.config = cfg = config or ReinforceConfig()
-        self.policy = PlacementPolicy(features, allowed, hidden_size=cfg.hidden_size, attn_size=cfg.attn_size,
-                                      temperature=cfg.temperature, tanh_constant=cfg.tanh_constant,
-                                      forget_bias=cfg.forget_bias, group_embedding=cfg.group_embedding,
-                                      stay_bias=cfg.stay_bias,
-                                      explore=min(cfg.explore_max, cfg.explore_groups / max(1, features.shape[0])),
-                                      seed=cfg.seed)
+        # `policy`: an already built policy with PlacementPolicy's interface (a pretrained PortablePolicy)
+        self.policy = policy if policy is not None else PlacementPolicy(
+            features, allowed, hidden_size=cfg.hidden_size, attn_size=cfg.attn_size, temperature=cfg.temperature,
+            tanh_constant=cfg.tanh_constant, forget_bias=cfg.forget_bias, group_embedding=cfg.group_embedding,
+            stay_bias=cfg.stay_bias, explore=min(cfg.explore_max, cfg.explore_groups / max(1, features.shape[0])),
+            seed=cfg.seed)
         self.variables = list(self.policy.trainable_variables)
-        with tf.device(POLICY_DEVICE):
-            self.optimizer = keras.optimizers.Adam(cfg.learning_rate, global_clipnorm=cfg.grad_clip)
-            self.optimizer.build(self.variables)
+        if optimizer is not None:        # shared by several agents over the same weights (pretraining)
+            self.optimizer = optimizer
+        else:
+            with tf.device(POLICY_DEVICE):
+                self.optimizer = keras.optimizers.Adam(cfg.learning_rate, global_clipnorm=cfg.grad_clip)
+                self.optimizer.build(self.variables)
         self.baseline: float | None = None     # EMA of mean batch reward; set by the first batch
         self.updates = 0                       # completed learn() calls
         G, D = self.policy.num_groups, self.policy.num_devices

@@ -69,6 +69,7 @@ class LoopResult:
     baseline_failures: dict[str, str] = field(default_factory=dict)   # name → why its evaluation failed
     grouped_baselines: dict[str, float | None] = field(default_factory=dict)  # name → its group-level version's
                                                 # step time (None: failed), evaluated for the warm start
+    zero_shot: dict = field(default_factory=dict)   # a pretrained policy's first batch (Search._zero_shot)
 
     def summary(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time, "source": self.source,
@@ -128,8 +129,13 @@ class Search:
     def __init__(self, grouping, evaluator, *, cpu_index: int | None = None, allowed: np.ndarray | None = None,
                  baselines: Mapping[str, np.ndarray] | None = None, config=None, seed: int = 0,
                  out_dir: str | os.PathLike | None = None, progress: bool = True, checkpoint_every: int = 10,
-                 device_capacity: Sequence[float] | None = None, tensorboard: bool = True):
+                 device_capacity: Sequence[float] | None = None, tensorboard: bool = True,
+                 policy_inputs=None, pretrained=None):
         self.grouping = grouping
+        # a portable policy (placer.rl.portable): its inputs for this problem, and pretrained weights to start
+        # from (None: fresh weights); the search then starts from the policy, not from a baseline's imitation
+        self.policy_inputs = policy_inputs
+        self.pretrained = pretrained
         self.evaluator = evaluator
         self.devices = list(evaluator.devices)
         self.cpu_index = cpu_index
@@ -180,6 +186,7 @@ class Search:
         self.since_improvement = 0
         self.failure_step_time: float | None = None
         self.baselines_done = False
+        self.zero_shot: dict = {}      # a pretrained policy's zero-shot batch (samples, fits, best_s, wall_s)
         self.imitated = ""             # the baseline the policy was warm-started on ("" = not yet, "-" = skipped)
         self.start_groups: np.ndarray | None = None   # group→device the policy was warm-started on
         self.elite_groups: np.ndarray | None = None   # best sample of the current run (since the last restart)
@@ -198,7 +205,21 @@ class Search:
         if self._agent is None:
             from placer.rl.reinforce import Reinforce
 
-            self._agent = Reinforce(np.asarray(self.grouping.features, np.float32), self.allowed, self.config)
+            policy = None
+            if self.config.portable:
+                if self.policy_inputs is None:
+                    raise SearchError("this search uses a portable policy, which needs the problem's policy inputs")
+                from placer.rl.portable import PortablePolicy, PortableWeights, explore_rate
+
+                cfg = self.config
+                weights = self.pretrained if self.pretrained is not None else PortableWeights(
+                    cfg.hidden_size, cfg.attn_size, cfg.forget_bias, seed=cfg.seed)
+                inputs = self.policy_inputs() if callable(self.policy_inputs) else self.policy_inputs
+                policy = PortablePolicy(weights, inputs, self.allowed, temperature=cfg.temperature,
+                                        tanh_constant=cfg.tanh_constant, seed=cfg.seed,
+                                        explore=explore_rate(cfg, self.grouping.num_groups))
+            self._agent = Reinforce(np.asarray(self.grouping.features, np.float32), self.allowed, self.config,
+                                    policy=policy)
         return self._agent
 
     # ------------------------------------------------------------------ checkpoints
@@ -249,6 +270,7 @@ class Search:
             "since_elite": self.since_elite, "restarts": self.restarts, "allowed": arr("allowed", self.allowed),
             "config": self.config.to_dict(), "oom_seen": [list(x) for x in self._oom_seen[-64:]],
             "failure_counts": self.failure_counts, "evaluated": self.evaluated,
+            "zero_shot": {k: _json_num(v) for k, v in self.zero_shot.items()},
         }
         self._saves = getattr(self, "_saves", 0) + 1
         npz = f"arrays-{os.getpid()}-{self._saves}.npz"
@@ -325,6 +347,7 @@ class Search:
         self.grouped_times = dict(state.get("grouped_times", {}))
         self.failure_counts = {str(k): int(v) for k, v in state.get("failure_counts", {}).items()}
         self.evaluated = int(state.get("evaluated", 0))
+        self.zero_shot = {k: _num_json(v) for k, v in state.get("zero_shot", {}).items()}
         self.wall_before = float(state["wall_s"])
         self._t_start = time.perf_counter()
         return True
@@ -458,6 +481,43 @@ class Search:
                  outcomes[k].step_time, info["imitation_steps"], info["imitation_prob"])
         self.save_checkpoint()
 
+    def _zero_shot(self) -> None:
+        """A pretrained policy's first answer: `zero_shot_samples` placements (the greedy one and samples),
+        evaluated in one batch; the best becomes the policy's own best, the elite and the restart point."""
+        t0 = time.perf_counter()
+        k = max(1, int(self.config.zero_shot_samples))
+        pol = self.agent.policy
+        acts = pol.sample(1, greedy=True)[0]
+        if k > 1:
+            acts = np.concatenate([acts, pol.sample(k - 1)[0]])
+        placements = [self.grouping.expand(a, self.cpu_index) for a in acts]
+        outcomes = self.evaluator.evaluate(placements)
+        self.evaluations += len(placements)
+        self._note_oom(outcomes)
+        times = np.array([o.step_time if o.ok else np.inf for o in outcomes], np.float64)
+        if self.failure_step_time is None and np.isfinite(times).any():
+            self.failure_step_time = self.config.failure_factor * float(times[np.isfinite(times)].max())
+        self.imitated = "pretrained"
+        self.zero_shot = {"samples": len(placements), "fits": int(np.isfinite(times).sum()),
+                          "greedy_s": _json_num(float(times[0])), "wall_s": time.perf_counter() - t0}
+        if np.isfinite(times).any():
+            j = int(np.argmin(times))
+            self.search_best, self.search_best_placement = float(times[j]), placements[j].copy()
+            self.search_best_groups = acts[j].copy()
+            self.elite_time, self.elite_groups = float(times[j]), acts[j].copy()
+            self.start_groups = acts[j].copy()
+            self._consider(placements[j], float(times[j]), "pretrained (zero-shot)")
+            self.zero_shot["best_s"] = float(times[j])
+        log.info("zero-shot: %d placements from the pretrained policy, %d fit, best %s in %.2f s", len(placements),
+                 self.zero_shot["fits"], f"{self.search_best:.4g} s" if np.isfinite(self.search_best) else "none",
+                 self.zero_shot["wall_s"])
+        self.history.append({"update": 0, "wall_s": self.wall_s(), "evaluations": self.evaluations,
+                             "best_s": self.best_time, "search_best_s": self.search_best,
+                             "mean_s": float(np.mean(times[np.isfinite(times)])) if np.isfinite(times).any()
+                             else float("nan"), "min_s": float(times.min()) if np.isfinite(times).any()
+                             else float("nan"), "failed": float((~np.isfinite(times)).mean()), "zero_shot": 1.0})
+        self.save_checkpoint()
+
     def _restart(self) -> None:
         """Start the local search again from the warm-start placement (the best found so far is kept)."""
         info = self.agent.imitate(self.start_groups)
@@ -550,7 +610,7 @@ class Search:
                             failure_step_time=float(self.failure_step_time or float("nan")),
                             search_best_groups=self.search_best_groups,
                             baseline_failures=dict(self.baseline_failures),
-                            grouped_baselines=dict(self.grouped_times))
+                            grouped_baselines=dict(self.grouped_times), zero_shot=dict(self.zero_shot))
 
     def _nothing_fits(self) -> SearchError:
         tried = f"{len(self.baselines)} baseline(s) and {self.evaluations - len(self.baselines)} sampled placement(s)"
@@ -576,6 +636,8 @@ class Search:
             self._evaluate_baselines()
             self.save_checkpoint()
         one_choice = int(self.allowed.sum(axis=1).max()) <= 1     # one allowed device per group
+        if self.updates == 0 and not self.imitated and self.pretrained is not None:
+            self._zero_shot()                # the pretrained policy is the start: no baseline imitation
         if self.updates == 0 and not self.imitated and self.config.imitation_steps > 0 \
                 and self.best_placement is not None and not one_choice:
             self._warm_start()

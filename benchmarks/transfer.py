@@ -1,0 +1,164 @@
+"""Placing unseen graphs (issue 13): the pretrained policy on graphs of families it never saw in pretraining.
+
+    .venv/bin/python benchmarks/transfer.py                           # the shipped policy, the default graphs
+    .venv/bin/python benchmarks/transfer.py --policy policy/ --graphs inception_v3@4xK80 --scratch 60
+
+For each held-out graph (`placer.pretrain.HELD_OUT` families: inception_v3, gpt, clip), on one problem built once
+(cluster, costs, grouping, baselines), in one run:
+- zero-shot: `build_problem(..., baselines=False)` then the policy's zero-shot batch (`search(..., policy=P,
+  max_updates=0)`, 64 samples, the best by the simulator): `zero_shot_s` (the policy's own best) and
+  `zero_shot_wall_s` (building the problem without baselines + sampling + simulating; what `placer place
+  --no-baselines` costs, graph import excluded: cached);
+- `finetune60_s`: a 60 s search starting from the pretrained policy;
+- `scratch60_s` / `scratch300_s`: 60 s and 300 s searches from scratch (the default search: imitate the best
+  grouped baseline, then REINFORCE);
+- `best_baseline_s`: the fastest of the baselines (op level).
+Every search figure is the policy's own best (`search_best_s`), never the baseline floor. Simulated step times
+(preset clusters, analytical costs); wall times measured on this machine. Writes results/transfer.json and the
+RESULTS.md section "Placing unseen graphs".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _cluster import RESULTS, machine, now, write_json, write_section  # noqa: E402
+
+GRAPHS = ("inception_v3@4xK80", "gpt@DGX1:fp16", "clip@DGX1:fp16")
+
+
+def parse_graph(spec: str) -> tuple[str, str, str, str]:
+    """model[/size]@cluster[:precision] → (model, size, cluster, precision)."""
+    name, _, rest = spec.partition("@")
+    cluster, _, precision = rest.partition(":")
+    model, _, size = name.partition("/")
+    return model, size or "full", cluster, precision or "fp32"
+
+
+def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], seed: int) -> dict:
+    import numpy as np
+
+    from placer.bench import evaluate_baselines
+    from placer.graphs.models import build_model
+    from placer.pretrain import HELD_OUT
+    from placer.problem import build_problem
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.search import load_policy, search
+
+    model, size, cluster, precision = parse_graph(spec)
+    if model not in HELD_OUT:
+        print(f"warning: {model} is not a held-out family ({', '.join(HELD_OUT)})", file=sys.stderr)
+    g = build_model(model, size, precision=precision)
+    rec = {"graph": spec, "model": model, "size": size, "cluster": cluster, "precision": precision, "ops": g.num_ops}
+    # zero-shot, as `placer place --no-baselines` does it
+    t0 = time.perf_counter()
+    bare = build_problem(g, cluster, seed=seed, baselines=False)
+    r = search(bare, budget_seconds=1.0, max_updates=0, seed=seed, policy=load_policy(policy),
+               config=ReinforceConfig(seed=seed))
+    rec["zero_shot_wall_s"] = time.perf_counter() - t0
+    rec["zero_shot_s"] = float(r.search_best) if np.isfinite(r.search_best) else None
+    rec["zero_shot"] = r.extra.get("zero_shot", {})
+    bare.close()
+    print(f"{spec}: zero-shot {rec['zero_shot_s']} s in {rec['zero_shot_wall_s']:.1f} s", flush=True)
+    # one problem with baselines for the searches
+    t0 = time.perf_counter()
+    problem = build_problem(g, cluster, seed=seed)
+    rec["build_problem_s"] = time.perf_counter() - t0
+    rec["groups"] = problem.grouping.num_groups
+    times, _ = evaluate_baselines(problem)
+    ok = {k: v for k, v in times.items() if v is not None and k not in ("random", "round_robin")}
+    rec["baselines"] = times
+    rec["best_baseline"] = min(ok, key=ok.get) if ok else None
+    rec["best_baseline_s"] = ok[rec["best_baseline"]] if ok else None
+    rec["lower_bound_s"] = problem.lower_bound
+
+    def own(res) -> float | None:
+        return float(res.search_best) if np.isfinite(res.search_best) else None
+
+    try:
+        t0 = time.perf_counter()
+        res = search(problem, budget_seconds=finetune, seed=seed, policy=load_policy(policy))
+        rec[f"finetune{int(finetune)}_s"] = own(res)
+        rec[f"finetune{int(finetune)}_wall_s"] = time.perf_counter() - t0
+        rec[f"finetune{int(finetune)}_evaluations"] = res.evaluations
+        print(f"{spec}: fine-tune {finetune:.0f} s → {rec[f'finetune{int(finetune)}_s']}", flush=True)
+        for b in scratch:
+            t0 = time.perf_counter()
+            res = search(problem, budget_seconds=b, seed=seed)
+            rec[f"scratch{int(b)}_s"] = own(res)
+            rec[f"scratch{int(b)}_wall_s"] = time.perf_counter() - t0
+            rec[f"scratch{int(b)}_evaluations"] = res.evaluations
+            print(f"{spec}: scratch {b:.0f} s → {rec[f'scratch{int(b)}_s']}", flush=True)
+    finally:
+        problem.close()
+    return rec
+
+
+def section(recs: list[dict], info: dict, command: str, date: str, mach: str, finetune: float,
+            scratch: list[float]) -> str:
+    f = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
+    ft = f"finetune{int(finetune)}_s"
+    sc = [f"scratch{int(b)}_s" for b in scratch]
+    head = ("| graph | ops | groups | best baseline (s) | zero-shot (s) | zero-shot wall (s) | "
+            f"fine-tune {finetune:.0f} s (s) | " + " | ".join(f"scratch {b:.0f} s (s)" for b in scratch) + " |")
+    rows = [head, "|" + "---|" * (6 + 1 + len(scratch))]
+    for r in recs:
+        rows.append(f"| {r['graph']} | {r['ops']:,} | {r['groups']} | {f(r['best_baseline_s'])} ({r['best_baseline']}) "
+                    f"| {f(r['zero_shot_s'])} | {r['zero_shot_wall_s']:.1f} | {f(r.get(ft))} | "
+                    + " | ".join(f(r.get(k)) for k in sc) + " |")
+    lines = ["## Placing unseen graphs (issue 13)", "",
+             f"Written by `benchmarks/transfer.py` ({date}; {mach}). Command: `{command}`. Policy: "
+             f"`{info.get('path', '?')}`, pretrained {info.get('date', '?')} on the {info.get('corpus', '?')} corpus "
+             f"({len(info.get('problems', []))} problems, {info.get('train_wall_s', 0):.0f} s of training); the "
+             f"families {', '.join(info.get('held_out_families', []))} were never in it. Step times simulated "
+             "(preset clusters, analytical costs), every search figure the policy's own best (`search_best_s`); "
+             "walls measured on this 2-core machine.", "", *rows, ""]
+    for r in recs:
+        zs, bb = r["zero_shot_s"], r["best_baseline_s"]
+        notes = []
+        if zs is not None and bb is not None:
+            notes.append(f"zero-shot {'≤' if zs <= bb else '>'} best baseline ({100 * (zs / bb - 1):+.1f}%), "
+                         f"in {r['zero_shot_wall_s']:.1f} s ({'≤' if r['zero_shot_wall_s'] <= 10 else '>'} 10 s)")
+        if r.get(ft) is not None and sc and r.get(sc[-1]) is not None:
+            notes.append(f"fine-tune {finetune:.0f} s vs scratch {scratch[-1]:.0f} s: "
+                         f"{100 * (r[ft] / r[sc[-1]] - 1):+.1f}%")
+        if r.get(ft) is not None and r.get(sc[0]) is not None:
+            notes.append(f"vs scratch {scratch[0]:.0f} s: {100 * (r[ft] / r[sc[0]] - 1):+.1f}%")
+        lines.append(f"- {r['graph']}: " + "; ".join(notes) + ".")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policy", default="default")
+    ap.add_argument("--graphs", default=",".join(GRAPHS), help="comma list of model[/size]@cluster[:precision]")
+    ap.add_argument("--finetune", type=float, default=60.0)
+    ap.add_argument("--scratch", default="60,300", help="budgets of the searches from scratch (seconds)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-write", action="store_true")
+    a = ap.parse_args(argv)
+    command = "python benchmarks/transfer.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    date, mach = now(), machine()
+    from placer.search import load_policy
+
+    info = load_policy(a.policy).info
+    scratch = [float(x) for x in a.scratch.split(",") if x]
+    recs = []
+    for spec in [s for s in a.graphs.split(",") if s]:
+        recs.append(run_graph(spec, a.policy, a.finetune, scratch, a.seed))
+        if not a.no_write:       # after every graph: a killed run keeps what it measured
+            write_json(RESULTS / "transfer.json", recs)
+    print(json.dumps([{k: v for k, v in r.items() if k not in ("baselines", "zero_shot")} for r in recs], indent=1))
+    if not a.no_write:
+        write_section("transfer", section(recs, info, command.strip(), date, mach, a.finetune, scratch))
+        print(f"wrote {RESULTS / 'transfer.json'} and the RESULTS.md section")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""`placer pretrain`: train one portable policy (`placer.rl.portable`) over a corpus of graphs and clusters, so
+that it places a graph it never saw in seconds (`placer place --policy DIR`) and fine-tunes faster than a search
+from scratch (`placer search --policy DIR`).
+
+    from placer.pretrain import pretrain, default_corpus
+    info = pretrain("policy/", budget_seconds=1800)            # writes policy/policy.npz and policy/policy.json
+
+The corpus (`default_corpus`): the LSTM benchmark families (rnnlm, nmt, nmt4) at their full and small sizes on
+2 and 4 K80s and on 4 and 8 V100s, and random Keras stacks of conv, dense, LSTM and attention blocks
+(`placer.graphs.models.random_stack`) on 2-8 devices. The families `HELD_OUT` (inception_v3, gpt, clip) are
+never in it: `benchmarks/transfer.py` evaluates on them.
+
+One set of weights, one Adam, one agent per corpus problem (each with its own reward baseline and its own
+best placement so far). Training has two phases within the budget:
+1. imitation (at most `imitation_share` of the budget): each problem's best grouped baseline, a few Adam steps
+   per problem in turn, so the policy first learns what the usual heuristics do on every kind of graph;
+2. REINFORCE, problems in turn: sample K placements, simulate them, one policy-gradient step, then an elite
+   step towards the best placement known for that problem (baseline or sample), as `placer search` does.
+Rewards are simulated (each problem's preset cluster and analytical costs).
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import platform
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from placer.errors import PlacerError, SearchError
+
+log = logging.getLogger(__name__)
+
+HELD_OUT = ("inception_v3", "gpt", "clip")
+
+
+@dataclass(frozen=True)
+class CorpusItem:
+    model: str                 # a built-in model name, or "random" (random_stack with `seed`)
+    cluster: str
+    size: str = "full"
+    seed: int = 0              # random_stack's seed
+    batch_size: int | None = None
+
+    @property
+    def name(self) -> str:
+        g = f"random_{self.seed}" if self.model == "random" else f"{self.model}_{self.size}"
+        return f"{g}{'' if self.batch_size is None else f'_b{self.batch_size}'}@{self.cluster}"
+
+
+def default_corpus() -> list[CorpusItem]:
+    items = []
+    for m in ("rnnlm", "nmt", "nmt4"):
+        items += [CorpusItem(m, "2xK80"), CorpusItem(m, "4xK80"), CorpusItem(m, "4xV100", "small"),
+                  CorpusItem(m, "8xV100", "small", batch_size=128)]
+    clusters = ("2xK80", "4xV100", "8xV100", "4xK80", "3xV100", "6xK80")
+    items += [CorpusItem("random", clusters[s % len(clusters)], seed=s) for s in range(12)]
+    return items
+
+
+def quick_corpus() -> list[CorpusItem]:
+    """Three tiny problems (tests)."""
+    return [CorpusItem("rnnlm", "2xK80", "tiny"), CorpusItem("nmt", "4xK80", "tiny"),
+            CorpusItem("random", "3xV100", seed=2)]
+
+
+CORPORA = {"default": default_corpus, "quick": quick_corpus}
+
+
+def build_graph(item: CorpusItem):
+    if item.model == "random":
+        from placer.graphs.models.random_stack import build_random_stack
+
+        return build_random_stack(item.seed, item.batch_size)
+    from placer.graphs.models import build_model
+
+    return build_model(item.model, item.size, item.batch_size)
+
+
+@dataclass
+class _Task:
+    item: CorpusItem
+    problem: object
+    agent: object
+    best_baseline_s: float
+    target: np.ndarray | None      # best known group placement (grouped baseline, then the best sample)
+    target_s: float
+    fail_s: float
+    capacity: np.ndarray
+    best_sample_s: float = float("inf")
+    updates: int = 0
+
+
+def _task(item: CorpusItem, weights, optimizer, config, seed: int) -> _Task | None:
+    from placer.bench import evaluate_baselines
+    from placer.grouped import grouped_baselines
+    from placer.problem import build_problem
+    from placer.rl.portable import PortablePolicy, explore_rate
+    from placer.rl.reinforce import Reinforce
+    from placer.search import policy_inputs
+
+    graph = build_graph(item)
+    problem = build_problem(graph, item.cluster, seed=seed)
+    if int(problem.allowed.sum(axis=1).max()) <= 1:
+        problem.close()
+        return None
+    times, _ = evaluate_baselines(problem)
+    ok = {k: v for k, v in times.items() if v is not None and k not in ("random", "round_robin")}
+    if not ok:
+        log.warning("pretrain: skipping %s: no baseline fits", item.name)
+        problem.close()
+        return None
+    names, targets = grouped_baselines(problem.baselines, ok, problem.grouping.op_group,
+                                       problem.grouping.num_groups, problem.allowed)
+    outs = problem.simulator.evaluate([problem.grouping.expand(t, problem.cluster.cpu_index) for t in targets])
+    gt = [o.step_time if o.ok else np.inf for o in outs]
+    j = int(np.argmin(gt)) if gt else 0
+    pol = PortablePolicy(weights, policy_inputs(problem), problem.allowed, temperature=config.temperature,
+                         tanh_constant=config.tanh_constant, seed=seed,
+                         explore=explore_rate(config, problem.grouping.num_groups))
+    agent = Reinforce(None, problem.allowed, config, policy=pol, optimizer=optimizer)
+    best = min(ok.values())
+    return _Task(item, problem, agent, best, targets[j] if gt and np.isfinite(gt[j]) else None,
+                 float(gt[j]) if gt else np.inf, config.failure_factor * max(ok.values()),
+                 np.array([d.capacity_bytes for d in problem.cluster.devices], np.float64))
+
+
+def _greedy_ratio(t: _Task) -> float:
+    a = t.agent.policy.sample(1, greedy=True)[0][0]
+    o = t.problem.simulator.evaluate([t.problem.grouping.expand(a, t.problem.cluster.cpu_index)])[0]
+    return float(o.step_time / t.best_baseline_s) if o.ok else float("inf")
+
+
+def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem] | str = "default", seed: int = 0,
+             hidden_size: int = 128, attn_size: int = 32, imitation_share: float = 0.3, progress: bool = False,
+             learning_rate: float = 1e-3) -> dict:
+    """Train a portable policy on `corpus` for `budget_seconds` of training (building the corpus is extra and
+    reported as `build_wall_s`); write it to `out_dir`. Returns the info written into policy.json."""
+    import keras
+    import tensorflow as tf
+
+    from placer.rl.policy import POLICY_DEVICE
+    from placer.rl.portable import PortableWeights
+    from placer.rl.reinforce import ReinforceConfig, reinforce_update
+
+    if not budget_seconds > 0:
+        raise SearchError(f"pretrain budget must be positive, got {budget_seconds} s")
+    if isinstance(corpus, str):
+        if corpus not in CORPORA:
+            raise SearchError(f"unknown corpus {corpus!r}: use one of {', '.join(CORPORA)}")
+        corpus_name, corpus = corpus, CORPORA[corpus]()
+    else:
+        corpus_name = "custom"
+    held = [c.name for c in corpus if c.model in HELD_OUT]
+    if held:
+        log.warning("pretrain: the corpus holds graphs of held-out families: %s", ", ".join(held))
+    started = datetime.datetime.now(datetime.timezone.utc)
+    config = ReinforceConfig(seed=seed, hidden_size=hidden_size, attn_size=attn_size, portable=True,
+                             learning_rate=learning_rate)
+    weights = PortableWeights(hidden_size, attn_size, config.forget_bias, seed=seed)
+    with tf.device(POLICY_DEVICE):
+        optimizer = keras.optimizers.Adam(config.learning_rate, global_clipnorm=config.grad_clip)
+        optimizer.build(list(weights.trainable_variables))
+    t0 = time.perf_counter()
+    tasks: list[_Task] = []
+    skipped: dict[str, str] = {}
+    for i, item in enumerate(corpus):
+        try:
+            t = _task(item, weights, optimizer, config, seed + i)
+        except PlacerError as e:
+            skipped[item.name] = str(e).splitlines()[0]
+            log.warning("pretrain: skipping %s: %s", item.name, e)
+            continue
+        if t is None:
+            skipped[item.name] = "nothing to place (one device per group) or no baseline fits"
+            continue
+        tasks.append(t)
+        log.info("pretrain: %s: %d ops, %d groups, best baseline %.4g s", item.name, t.problem.graph.num_ops,
+                 t.problem.grouping.num_groups, t.best_baseline_s)
+    if not tasks:
+        raise SearchError("pretrain: no problem of the corpus could be built")
+    build_wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rounds = imitation_rounds = 0
+    # phase 1: imitate each problem's best grouped baseline, problems in turn
+    while time.perf_counter() - t0 < imitation_share * budget_seconds:
+        probs = [t.agent.imitate(t.target, max_steps=3, target_prob=0.95)["imitation_prob"]
+                 for t in tasks if t.target is not None]
+        imitation_rounds += 1
+        if progress:
+            print(f"pretrain: imitation round {imitation_rounds}: mean per-group prob {np.mean(probs):.3f}", flush=True)
+        if probs and min(probs) >= 0.95:
+            break
+    # phase 2: REINFORCE with elite steps, problems in turn
+    last = time.perf_counter()
+    while time.perf_counter() - t0 < budget_seconds:
+        rounds += 1
+        ratios = []
+        for t in tasks:
+            if time.perf_counter() - t0 >= budget_seconds:
+                break
+            p = t.problem
+            upd = reinforce_update(t.agent, p.grouping, p.simulator, p.cluster.cpu_index, t.fail_s, t.capacity)
+            t.updates += 1
+            ok = ~upd.failed & np.isfinite(upd.step_times)
+            if ok.any():
+                k = int(np.argmin(np.where(ok, upd.step_times, np.inf)))
+                s = float(upd.step_times[k])
+                t.best_sample_s = min(t.best_sample_s, s)
+                if s < t.target_s:
+                    t.target_s, t.target = s, upd.group_devices[k].copy()
+                ratios.append(s / t.best_baseline_s)
+            if t.target is not None and config.elite_steps > 0:
+                t.agent.imitate(t.target, max_steps=2)
+        if progress and ratios and time.perf_counter() - last >= 30:
+            last = time.perf_counter()
+            print(f"pretrain: round {rounds}: best sample / best baseline, median {np.median(ratios):.3f}, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+    train_wall = time.perf_counter() - t0
+    per = {}
+    for t in tasks:
+        per[t.item.name] = {"ops": int(t.problem.graph.num_ops), "groups": int(t.problem.grouping.num_groups),
+                            "best_baseline_s": t.best_baseline_s,
+                            "best_sample_s": None if not np.isfinite(t.best_sample_s) else t.best_sample_s,
+                            "greedy_over_best_baseline": _greedy_ratio(t), "updates": t.updates}
+        t.problem.close()
+    info = {"corpus": corpus_name, "problems": [t.item.name for t in tasks], "skipped": skipped,
+            "held_out_families": list(HELD_OUT), "budget_s": float(budget_seconds), "train_wall_s": train_wall,
+            "build_wall_s": build_wall, "imitation_rounds": imitation_rounds, "rounds": rounds,
+            "updates": int(sum(t.updates for t in tasks)), "config": asdict(config), "per_problem": per,
+            "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{platform.machine()}, Python {platform.python_version()}"}
+    weights.save(out_dir, info=info)
+    return info
+
+
+__all__ = ["CorpusItem", "HELD_OUT", "default_corpus", "pretrain", "quick_corpus"]

@@ -1,0 +1,178 @@
+"""The portable (pretrained) policy, issue 13: any graph size and device count, the shipped policy places a graph
+of a family it never saw, sampling and teacher forcing agree, bad policy files get one line, pretraining and
+`placer place` write their files."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from placer.errors import SearchError
+
+
+@pytest.fixture(scope="module")
+def nmt_tiny():
+    from placer.graphs.models import build_model
+
+    return build_model("nmt", "tiny")
+
+
+@pytest.fixture(scope="module")
+def inception_tiny():
+    from placer.graphs.models import build_model
+
+    return build_model("inception_v3", "tiny")
+
+
+def _bound(graph, spec, weights, seed=0, baselines=False):
+    from placer.problem import build_problem
+    from placer.rl.portable import PortablePolicy
+    from placer.search import policy_inputs
+
+    p = build_problem(graph, spec, seed=seed, baselines=baselines)
+    return p, PortablePolicy(weights, policy_inputs(p), p.allowed, seed=seed)
+
+
+def test_one_set_of_weights_places_any_device_count(nmt_tiny):
+    from placer.rl.portable import PortableWeights
+
+    w = PortableWeights(32, 16, seed=1)
+    before = {k: v.copy() for k, v in w.state().items()}
+    for n in (2, 3, 5, 8):
+        p, pol = _bound(nmt_tiny, f"{n}xV100", w)
+        try:
+            a, noise = pol.sample(6)
+            G, D = p.grouping.num_groups, p.cluster.num_devices
+            assert a.shape == (6, G) and noise.shape == (6, G, D) and D == n + 1
+            assert p.allowed[np.arange(G)[None], a].all(), "a sample used a device its group may not use"
+            lp, ent = pol.log_probs(a, noise)
+            assert np.isfinite(lp.numpy()).all() and (lp.numpy() < 0).all()
+        finally:
+            p.close()
+    # the weights are the same objects for every device count: nothing was added per problem
+    assert set(w.state()) == set(before) and all(w.state()[k].shape == before[k].shape for k in before)
+
+
+def test_greedy_sample_is_the_teacher_forced_argmax(inception_tiny):
+    """The decoder's step-by-step placement state (load, memory, inflow, previous device) and the teacher-forced
+    one computed with cumulative sums are the same features: the greedy choice at each group is the argmax of
+    the teacher-forced distribution given the greedy history."""
+    from placer.rl.portable import PortableWeights
+
+    p, pol = _bound(inception_tiny, "4xK80", PortableWeights(32, 16, seed=3))
+    try:
+        a, _ = pol.sample(1, greedy=True)
+        logp = pol.group_log_probs(a)
+        assert (logp[0].argmax(-1) == a[0]).all()
+        # and a sampled (non-greedy) history is scored consistently: its log-probability is the sum of its steps
+        s, _ = pol.sample(3)
+        lp = pol.group_log_probs(s)
+        total = np.take_along_axis(lp, s[..., None], -1)[..., 0].sum(1)
+        assert np.allclose(total, pol.log_probs(s)[0].numpy(), rtol=1e-4, atol=1e-3)
+    finally:
+        p.close()
+
+
+def test_save_load_roundtrip_and_bad_files_get_one_line(tmp_path):
+    from placer.rl.portable import PortableWeights
+
+    w = PortableWeights(16, 8, seed=2)
+    w.save(tmp_path / "pol", info={"corpus": "test"})
+    back = PortableWeights.load(tmp_path / "pol")
+    assert all(np.array_equal(back.state()[k], v) for k, v in w.state().items())
+    assert back.info["corpus"] == "test"
+    # another version
+    other = tmp_path / "old"
+    shutil.copytree(tmp_path / "pol", other)
+    head = json.loads((other / "policy.json").read_text())
+    head["version"] = 0
+    (other / "policy.json").write_text(json.dumps(head))
+    with pytest.raises(SearchError) as e:
+        PortableWeights.load(other)
+    assert "version" in str(e.value) and "\n" not in str(e.value)
+    # a corrupt weights file
+    bad = tmp_path / "bad"
+    shutil.copytree(tmp_path / "pol", bad)
+    (bad / "policy.npz").write_bytes((bad / "policy.npz").read_bytes()[:100])
+    with pytest.raises(SearchError) as e:
+        PortableWeights.load(bad)
+    assert "policy.npz" in str(e.value) and "\n" not in str(e.value)
+    # not a policy at all
+    with pytest.raises(SearchError, match="not a policy directory"):
+        PortableWeights.load(tmp_path)
+
+
+def test_cli_place_with_a_corrupt_policy_is_one_line(tmp_path, capsys):
+    from placer.cli import main
+
+    (tmp_path / "pol").mkdir()
+    (tmp_path / "pol" / "policy.json").write_text("{not json")
+    (tmp_path / "pol" / "policy.npz").write_bytes(b"junk")
+    rc = main(["place", "--policy", str(tmp_path / "pol"), "--model", "nmt", "--size", "tiny", "--cluster", "2xK80",
+               "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "policy.json" in err
+
+
+def test_shipped_policy_places_a_family_it_never_saw(inception_tiny):
+    """inception_v3 is held out of the pretraining corpus; the shipped policy places it on 2 to 8 GPUs, every
+    group on an allowed device, and its zero-shot best is a real placement the simulator accepts."""
+    import placer
+    from placer.pretrain import HELD_OUT
+    from placer.rl.portable import PortableWeights, default_policy_dir
+
+    assert "inception_v3" in HELD_OUT
+    info = PortableWeights.load(default_policy_dir()).info
+    assert not any(n.startswith(HELD_OUT) for n in info["problems"]), "a held-out family is in the corpus"
+    for n in (2, 5, 8):
+        r = placer.place(inception_tiny, cluster=f"{n}xK80", policy="default", budget_seconds=0, samples=16)
+        z = r.extra["zero_shot"]
+        assert z["samples"] == 16 and z["fits"] >= 1
+        assert np.isfinite(r.search_best) and r.step_time <= r.search_best
+        assert r.extra["updates"] == 0
+        used = set(r.placement.mapping.values())
+        assert used <= set(r.extra["devices"]) and len(r.extra["devices"]) == n + 1
+
+
+def test_cli_place_writes_placement_and_summary(tmp_path):
+    from placer.cli import main
+
+    out = tmp_path / "d"
+    assert main(["place", "--policy", "default", "--model", "nmt", "--size", "tiny", "--cluster", "4xK80",
+                 "--samples", "8", "--out", str(out), "--no-progress"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert (out / "placement.json").exists()
+    assert s["policy"] == "default" and s["zero_shot"]["samples"] == 8 and s["updates"] == 0
+    assert s["search_best_s"] is not None and s["step_time_s"] <= s["search_best_s"] + 1e-12
+
+
+def test_search_from_a_policy_fine_tunes_and_resumes(tmp_path, nmt_tiny):
+    from placer.problem import build_problem
+    from placer.rl.portable import PortableWeights
+    from placer.search import search
+
+    w = PortableWeights(32, 16, seed=0)
+    p = build_problem(nmt_tiny, "3xK80", seed=0)
+    try:
+        r = search(p, budget_seconds=60, max_updates=2, policy=w, out_dir=tmp_path / "run")
+        assert r.extra["updates"] == 2 and r.extra["zero_shot"]["samples"] == 64
+        assert r.extra["config"]["portable"] is True
+        r2 = search(p, budget_seconds=60, max_updates=4, out_dir=tmp_path / "run", resume=True)
+        assert r2.extra["updates"] == 4 and r2.search_best <= r.search_best
+    finally:
+        p.close()
+
+
+def test_pretrain_writes_a_policy_that_loads(tmp_path):
+    from placer.pretrain import CorpusItem, pretrain
+    from placer.rl.portable import PortableWeights
+
+    info = pretrain(tmp_path / "p", budget_seconds=4, corpus=[CorpusItem("rnnlm", "2xK80", "tiny"),
+                                                              CorpusItem("random", "3xV100", seed=2)],
+                    hidden_size=16, attn_size=8)
+    assert info["problems"] == ["rnnlm_tiny@2xK80", "random_2@3xV100"] and info["updates"] >= 1
+    w = PortableWeights.load(tmp_path / "p")
+    assert w.hidden_size == 16 and w.info["budget_s"] == 4
+    assert all(np.isfinite(v["greedy_over_best_baseline"]) for v in info["per_problem"].values())
