@@ -18,7 +18,7 @@ from placer.bench import best_baseline
 PAPER = {("nmt", 4): "Mirhoseini 2017: ~20% faster than expert",
          ("nmt4", 4): "Hierarchical 2018: 53.7% faster than expert",
          ("inception_v3", 4): "Hierarchical 2018: 16.3% faster than expert"}
-ORDER = ["rnnlm", "nmt", "nmt4", "inception_v3"]
+ORDER = ["rnnlm", "nmt", "nmt4", "inception_v3", "gpt", "clip"]
 
 
 def _saved(policy: float | None, ref: float | None) -> str:
@@ -33,14 +33,17 @@ def table(cells: list[dict]) -> tuple[str, list[str]]:
             "| returned (s) | lower bound (s) | returned / LB | search wall (s) | paper |",
             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     wins, notes = 0, []
-    cells = sorted(cells, key=lambda c: (ORDER.index(c["model"]) if c["model"] in ORDER else 99, c["gpus"]))
+    cells = sorted(cells, key=lambda c: (ORDER.index(c["model"]) if c["model"] in ORDER else 99, c["gpus"],
+                                         c.get("cluster") or ""))
     for c in cells:
         name, best = best_baseline(c["baselines"])
         pol, exp = c.get("search_best_s"), c["baselines"].get("expert")
         if pol is not None and best is not None and pol < best:
             wins += 1
         f = lambda x: "OOM" if x is None else f"{x:.3f}"  # noqa: E731
-        rows.append(f"| {c['model']} | {c['gpus']} | {name + ' ' + f(best) if name else 'none'} | {f(exp)} | "
+        model = c["model"] + (f" ({c['precision']})" if c.get("precision", "fp32") != "fp32" else "")
+        gpus = f"{c['cluster']} ({c['gpus']})" if c.get("cluster") else c["gpus"]
+        rows.append(f"| {model} | {gpus} | {name + ' ' + f(best) if name else 'none'} | {f(exp)} | "
                     f"{'n/a' if pol is None else f'{pol:.3f}'} | {_saved(pol, best)} | {_saved(pol, exp)} | "
                     f"{c['rl_s']:.3f} | {c['lower_bound_s']:.3f} | {c['rl_s'] / c['lower_bound_s']:.2f} | "
                     f"{c['search_wall_s']:.0f} | {PAPER.get((c['model'], c['gpus']), '')} |")

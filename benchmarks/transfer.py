@@ -12,7 +12,9 @@ For each held-out graph (`placer.pretrain.HELD_OUT` families: inception_v3, gpt,
 - `finetune60_s`: a 60 s search starting from the pretrained policy;
 - `scratch60_s` / `scratch300_s`: 60 s and 300 s searches from scratch (the default search: imitate the best
   grouped baseline, then REINFORCE);
-- `best_baseline_s`: the fastest of the baselines (op level).
+- `best_baseline_s`: the fastest of the baselines (op level);
+- at 1,000 and 5,000 evaluations (`*_s_at_evals`): the fine-tune, the longest search from scratch and the
+  annealing reference (`placer.baselines.anneal`, one run per count), counted as `placer bench` counts them.
 Every search figure is the policy's own best (`search_best_s`), never the baseline floor. Simulated step times
 (preset clusters, analytical costs); wall times measured on this machine. Writes results/transfer.json and the
 RESULTS.md section "Placing unseen graphs".
@@ -43,7 +45,7 @@ def parse_graph(spec: str) -> tuple[str, str, str, str]:
 def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], seed: int) -> dict:
     import numpy as np
 
-    from placer.bench import evaluate_baselines
+    from placer.bench import EVAL_POINTS, anneal_record, best_within, evaluate_baselines, policy_curve
     from placer.graphs.models import build_model
     from placer.pretrain import HELD_OUT
     from placer.problem import build_problem
@@ -80,12 +82,17 @@ def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], see
     def own(res) -> float | None:
         return float(res.search_best) if np.isfinite(res.search_best) else None
 
+    def at_evals(res) -> dict:
+        curve = policy_curve(res, len(problem.baselines))
+        return {str(n): best_within(curve, n) for n in EVAL_POINTS}
+
     try:
         t0 = time.perf_counter()
         res = search(problem, budget_seconds=finetune, seed=seed, policy=load_policy(policy))
         rec[f"finetune{int(finetune)}_s"] = own(res)
         rec[f"finetune{int(finetune)}_wall_s"] = time.perf_counter() - t0
         rec[f"finetune{int(finetune)}_evaluations"] = res.evaluations
+        rec["finetune_s_at_evals"] = at_evals(res)
         print(f"{spec}: fine-tune {finetune:.0f} s → {rec[f'finetune{int(finetune)}_s']}", flush=True)
         for b in scratch:
             t0 = time.perf_counter()
@@ -93,7 +100,11 @@ def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], see
             rec[f"scratch{int(b)}_s"] = own(res)
             rec[f"scratch{int(b)}_wall_s"] = time.perf_counter() - t0
             rec[f"scratch{int(b)}_evaluations"] = res.evaluations
+            rec[f"scratch{int(b)}_s_at_evals"] = at_evals(res)
             print(f"{spec}: scratch {b:.0f} s → {rec[f'scratch{int(b)}_s']}", flush=True)
+        # the local-search reference at equal evaluations (its start: the best grouped baseline)
+        ann = anneal_record(problem, 1.0, seed)
+        rec["anneal_s_at_evals"] = ann["anneal_s_at_evals"]
     finally:
         problem.close()
     return rec
@@ -118,6 +129,17 @@ def section(recs: list[dict], info: dict, command: str, date: str, mach: str, fi
              f"families {', '.join(info.get('held_out_families', []))} were never in it. Step times simulated "
              "(preset clusters, analytical costs), every search figure the policy's own best (`search_best_s`); "
              "walls measured on this 2-core machine.", "", *rows, ""]
+    lines += ["At equal evaluations (`placer.bench.best_within`: every placement a method evaluated counts, the "
+              "op-level baselines included; the best of the method's own placements, and for the searches from "
+              "scratch and annealing their shared start, the best grouped baseline):", "",
+              "| graph | N | fine-tuned from the policy (s) | search from scratch (s) | anneal (s) |",
+              "|---|---:|---:|---:|---:|"]
+    for r in recs:
+        for n in ("1000", "5000"):
+            lines.append(f"| {r['graph']} | {int(n):,} | {f(r.get('finetune_s_at_evals', {}).get(n))} | "
+                         f"{f(r.get(f'scratch{int(scratch[-1])}_s_at_evals', {}).get(n))} | "
+                         f"{f(r.get('anneal_s_at_evals', {}).get(n))} |")
+    lines.append("")
     for r in recs:
         zs, bb = r["zero_shot_s"], r["best_baseline_s"]
         notes = []

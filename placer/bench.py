@@ -59,12 +59,15 @@ class CellSettings:
     cluster: str | None = None     # a topology preset (DGX1, DGX-A100, HGX-H100, NxDGX-A100) instead of gpus x kind
     precision: str = "fp32"
     anneal: bool = True            # also run the local-search reference (placer.baselines.anneal)
+    split_groups: str | None = None  # groups follow this baseline's devices ("best": the fastest), build_problem
 
     def key(self) -> dict:
         k = {"size": self.size, "reward": self.reward, "budget": float(self.budget), "seed": int(self.seed),
              "anneal": bool(self.anneal)}
         if self.cluster or self.precision != "fp32":
             k.update(cluster=self.cluster, precision=self.precision)
+        if self.split_groups:
+            k["split_groups"] = self.split_groups
         return k
 
     @property
@@ -120,7 +123,7 @@ def run_cell(s: CellSettings, out_dir: Path, *, progress: bool = False) -> dict:
     from placer.search import search
 
     graph = build_model(s.model, s.size, precision=s.precision)
-    problem = build_problem(graph, s.spec, seed=s.seed)
+    problem = build_problem(graph, s.spec, seed=s.seed, split_groups=s.split_groups)
     try:
         times, errors = evaluate_baselines(problem)
         cell_dir = out_dir / s.label
@@ -221,6 +224,8 @@ def cell_record(s: CellSettings, problem, times: dict, errors: dict, res, search
         "baseline_wall_s": {k: round(v, 4) for k, v in problem.meta.get("baseline_wall_s", {}).items()},
         "baseline_errors": errors,
         "evaluations": int(res.evaluations) if res is not None else 0, "ops": int(problem.graph.num_ops),
+        **({"groups": int(problem.grouping.num_groups)} if hasattr(problem, "grouping") else {}),
+        **({"split_groups": problem.meta["split_groups"]} if getattr(problem, "meta", {}).get("split_groups") else {}),
         "cost_source": problem.cost_source,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": _machine(),

@@ -121,7 +121,8 @@ def compute_baselines(graph: OpGraph, cluster: Cluster, cost: np.ndarray, seed: 
 def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" = None, *,
                   devices: "str | Sequence[str] | None" = None, costs=None, max_groups: int | None = None,
                   allow_cpu: bool = False, seed: int = 0, baselines: bool = True,
-                  check_memory: bool = True, grouping: Grouping | None = None) -> PlacementProblem:
+                  check_memory: bool = True, grouping: Grouping | None = None,
+                  split_groups: str | None = None) -> PlacementProblem:
     """Build the problem of placing `graph` on `cluster` (simulated hardware: "4xK80", a cluster JSON path or a
     Cluster) or on real `devices` ("cpu:2", TF device names, a tasks file: the cluster is built from them). With
     both, `cluster` models `devices` (e.g. the cluster.json `placer calibrate` wrote for them): its device names
@@ -133,6 +134,10 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
     of memory, and CLI.md's "N devices" are the GPUs). baselines=False skips computing them, and
     check_memory=False skips the up-front check that the variables fit (`placer simulate` reports OOM instead).
     grouping: reuse this grouping of `graph` instead of grouping it again (re-placement keeps a run's groups).
+    split_groups: a baseline name, or "best" (the fastest baseline that fits, simulated): the groups follow that
+    baseline's device boundaries (`group(..., split_by=...)`), so the search can start from it exactly. Large
+    transformers on 8 GPUs need it: the op-level partitions of METIS or the list schedulers split layers in ways
+    scope-contiguous groups cannot express.
 
     >>> from placer.graphs.opgraph import OpGraph
     >>> g = OpGraph.build([("a", "MatMul", 4), ("b", "MatMul", 4)], [("a", "b")])
@@ -158,9 +163,16 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
     gpus = cluster.gpu_indices
     if check_memory:
         check_total_memory(graph, cluster, list(range(cluster.num_devices)) if allow_cpu else sorted(set(gpus)))
+    base, errors, walls = compute_baselines(graph, cluster, cost, seed) if baselines else ({}, {}, {})
+    split_name = None
     if grouping is None:
         G = int(max_groups) if max_groups else default_max_groups(len(gpus))
-        grouping = group(graph, max_groups=G, op_costs=np.where(np.isfinite(cost[:, gpus[0]]), cost[:, gpus[0]], 0.0))
+        split = None
+        if split_groups:
+            split_name = _split_baseline(split_groups, base, errors, sim)
+            split = base[split_name]
+        grouping = group(graph, max_groups=G, op_costs=np.where(np.isfinite(cost[:, gpus[0]]), cost[:, gpus[0]], 0.0),
+                         split_by=split)
     allowed = group_allowed(grouping, cost, cluster.cpu_index)
     cpu = cluster.cpu_index
     if not allow_cpu and cpu is not None and cpu not in gpus:
@@ -169,11 +181,26 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
         off[~np.asarray(grouping.cpu_only, bool), cpu] = False
         keep = off.any(axis=1)
         allowed[keep] = off[keep]
-    base, errors, walls = compute_baselines(graph, cluster, cost, seed) if baselines else ({}, {}, {})
     return PlacementProblem(graph=graph, cluster=cluster, costs=costs, cost=cost, simulator=sim, grouping=grouping,
                             allowed=allowed, baselines=base, baseline_errors=errors,
                             lower_bound=float(sim.lower_bound()), devices=devices, allow_cpu=allow_cpu, seed=seed,
-                            meta={"baseline_wall_s": walls})
+                            meta={"baseline_wall_s": walls, **({"split_groups": split_name} if split_name else {})})
+
+
+def _split_baseline(spec: str, base: dict, errors: dict, sim) -> str:
+    """The baseline `build_problem(split_groups=spec)` groups along: `spec` itself, or for "best" the fastest
+    one that fits (simulated)."""
+    if spec != "best":
+        if spec not in base:
+            why = errors.get(spec, "not computed (baselines=False)" if not base else "no such baseline")
+            raise SearchError(f"cannot split groups by baseline {spec!r}: {why.splitlines()[0] if why else why}")
+        return spec
+    names = [n for n in base if n not in ("random", "round_robin")]
+    outs = sim.evaluate([base[n] for n in names]) if names else []
+    ok = {n: o.step_time for n, o in zip(names, outs) if o.ok}
+    if not ok:
+        raise SearchError("cannot split groups by the best baseline: no baseline fits in memory")
+    return min(ok, key=ok.get)
 
 
 def resolve_placement(spec: str, graph: OpGraph, cluster: Cluster, seed: int = 0, costs=None, *,

@@ -78,3 +78,65 @@ def test_features_normalised_and_adjacency_counts_cross_group_bytes():
 
 def test_default_max_groups():
     assert default_max_groups(4) == 80 and default_max_groups(2) == 40 and default_max_groups(64) == 256
+
+
+def test_groups_split_by_a_placement_express_it_exactly():
+    """`split_by` (build_problem's split_groups): every group lies on one device of the given placement, so its
+    group-level version is the placement itself; a placement scattering every group beyond REFINE_FACTOR x G
+    keeps the scope-level split only."""
+    import numpy as np
+
+    from placer.graphs.group import REFINE_FACTOR, group
+    from placer.graphs.models import build_model
+
+    g = build_model("nmt", "tiny")
+    rng = np.random.default_rng(0)
+    plain = group(g, max_groups=20)
+    # a placement by layer halves: contiguous, so a split grouping expresses it with few extra groups
+    split = (np.arange(g.num_ops) >= g.num_ops // 2).astype(np.int64)
+    _, first, inv = np.unique(np.asarray(g.colocation), return_index=True, return_inverse=True)
+    split = split[first[inv]]          # a placement respects co-location, as the baselines do
+    gr = group(g, max_groups=20, split_by=split)
+    for k in range(gr.num_groups):
+        assert len(np.unique(split[gr.op_group == k])) == 1, f"group {k} straddles the placement's devices"
+    assert gr.num_groups <= REFINE_FACTOR * 20 and gr.features.shape[0] == gr.num_groups
+    # ops of a group stay in one co-location group's device, as without the split
+    scattered = rng.integers(0, 4, g.num_ops)
+    gs = group(g, max_groups=20, split_by=scattered)
+    assert gs.num_groups <= REFINE_FACTOR * 20 and plain.num_groups <= 20
+
+
+def test_build_problem_split_groups_names_a_baseline(tmp_path):
+    import numpy as np
+    import pytest
+
+    from placer.errors import SearchError
+    from placer.graphs.models import build_model
+    from placer.grouped import group_majority
+    from placer.problem import build_problem
+
+    g = build_model("nmt", "tiny")
+    p = build_problem(g, "4xK80", split_groups="best")
+    try:
+        name = p.meta["split_groups"]
+        b = p.baselines[name]
+        maj = group_majority(b, p.grouping.op_group, p.grouping.num_groups, p.cluster.num_devices)
+        assert np.array_equal(p.grouping.expand(maj, p.cluster.cpu_index), b)
+    finally:
+        p.close()
+    with pytest.raises(SearchError, match="no such baseline"):
+        build_problem(g, "4xK80", split_groups="nope")
+
+
+def test_split_never_breaks_a_colocation_group():
+    import numpy as np
+
+    from placer.graphs.group import group
+    from placer.graphs.models import build_model
+
+    g = build_model("rnnlm", "tiny")
+    scattered = np.random.default_rng(1).integers(0, 2, g.num_ops)
+    gr = group(g, max_groups=40, split_by=scattered)
+    co = np.asarray(g.colocation)
+    for c in np.unique(co):
+        assert len(np.unique(gr.op_group[co == c])) == 1

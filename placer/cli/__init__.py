@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="output directory")
     p.add_argument("--resume", metavar="DIR", help="continue the search saved in DIR")
+    p.add_argument("--split-groups", metavar="BASELINE",
+                   help="groups follow this baseline's device boundaries ('best': the fastest that fits), so the "
+                        "search can start from it exactly")
     p.add_argument("--policy", help="start from a pretrained policy (a `placer pretrain` directory, or 'default' "
                                     "for the shipped one) instead of imitating a baseline")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -170,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, default=600.0, help="search seconds per cell")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--split-groups", metavar="BASELINE",
+                   help="groups follow this baseline's device boundaries ('best': the fastest that fits), so the "
+                        "search can start from it exactly (large transformers on 8 GPUs)")
     p.add_argument("--no-anneal", action="store_true",
                    help="skip the annealing reference per cell (anneal_s, policy_s_at_evals, anneal_s_at_evals)")
     p.add_argument("--no-progress", action="store_true")

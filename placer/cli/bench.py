@@ -42,10 +42,12 @@ def run_bench(args) -> int:
             c = parse_cluster(spec)
             cells += [CellSettings(m, len(c.gpu_indices), c.meta.get("gpu_kind", c.devices[0].kind), args.size,
                                    args.reward, float(args.budget), int(args.seed), cluster=c.name,
-                                   precision=precision, anneal=not getattr(args, "no_anneal", False)) for m in models]
+                                   precision=precision, anneal=not getattr(args, "no_anneal", False),
+                                   split_groups=getattr(args, "split_groups", None)) for m in models]
     else:
         cells = [CellSettings(m, n, kind, args.size, args.reward, float(args.budget), int(args.seed),
-                              precision=precision, anneal=not getattr(args, "no_anneal", False)) for m in models for n in gpus]
+                              precision=precision, anneal=not getattr(args, "no_anneal", False),
+                              split_groups=getattr(args, "split_groups", None)) for m in models for n in gpus]
     bar = None
     if not getattr(args, "no_progress", False):
         from tqdm import tqdm

@@ -20,7 +20,7 @@ ARGS_FILE = "args.json"
 # args stored for --resume (everything `placer search` reads)
 _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
                 "token_file", "costs", "budget", "max_updates", "patience", "groups", "seed", "out", "no_progress",
-                "json", "remeasure", "warmup", "runs", "timeout", "policy")
+                "json", "remeasure", "warmup", "runs", "timeout", "policy", "split_groups")
 
 
 def _save_args(out: Path, args) -> None:
@@ -85,7 +85,8 @@ def run_search(args) -> int:
         cluster = measured_cluster(graph, devices, workers=args.workers, token_file=args.token_file)
         devices = None
     problem = build_problem(graph, cluster, devices=devices, costs=getattr(args, "costs", None),
-                            max_groups=args.groups, seed=int(args.seed or 0))
+                            max_groups=args.groups, seed=int(args.seed or 0),
+                            split_groups=getattr(args, "split_groups", None) or None)
     evaluator = None
     try:
         if args.reward == "measure":

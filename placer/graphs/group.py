@@ -47,6 +47,8 @@ CHAIN_CAP_FRACTION = 0.5
 SCOPE_FRACTION = 0.25
 # ...and name scopes go one level deeper only while significant scopes keep this share of the compute
 SCOPE_COVERAGE = 0.8
+# with `split_by`, groups are split exactly along the placement's devices unless that multiplies them beyond this
+REFINE_FACTOR = 2
 _GRAD_PREFIX = re.compile(r"^(?:gradients(?:_\d+)?|gradient_tape)/")
 _UPDATE_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9]*/update_")
 
@@ -123,8 +125,11 @@ def proxy_op_costs(graph: OpGraph) -> np.ndarray:
     return graph.flops / 5e12 + graph.out_bytes / 2e11 + 5e-6
 
 
-def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = None) -> Grouping:
-    """Group `graph`'s ops into at most `max_groups` groups (see module docstring)."""
+def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = None,
+          split_by: np.ndarray | None = None) -> Grouping:
+    """Group `graph`'s ops into at most `max_groups` groups (see module docstring). split_by: an op→device
+    placement (e.g. the best baseline's) whose device boundaries the groups respect as they respect name scopes,
+    so that placement stays expressible at the group level."""
     n = graph.num_ops
     if n == 0:
         from placer.errors import GraphImportError
@@ -138,6 +143,14 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
     cpu = graph.cpu_only.astype(bool)
     anchor, op_scope_parts = anchors(graph)
     scope_of = _choose_scopes(op_scope_parts, cost, max_groups, SCOPE_FRACTION * mean_group)
+    if split_by is not None:
+        split = np.asarray(split_by, np.int64)
+        if split.shape != (n,):
+            raise ValueError(f"split_by has shape {split.shape}, expected ({n},)")
+        # a co-location group is never split: it follows the device of its first op
+        _, first, inv = np.unique(np.asarray(graph.colocation), return_index=True, return_inverse=True)
+        split = split[first[inv]]
+        _, scope_of = np.unique(scope_of * (int(split.max()) + 1) + split, return_inverse=True)
 
     # 1. co-location units
     dsu = UnionFind(n)
@@ -265,7 +278,25 @@ def group(graph: OpGraph, max_groups: int = 80, op_costs: np.ndarray | None = No
     rank = np.empty(G, np.int64)
     rank[order] = np.arange(G)
     op_group = rank[group_of_unit[unit_of]].astype(np.int32)
+    if split_by is not None:
+        op_group, G = _refine(op_group, split, max_groups)
     return _with_features(graph, op_group, G, cost)
+
+
+def _refine(op_group: np.ndarray, split: np.ndarray, max_groups: int) -> tuple[np.ndarray, int]:
+    """Split every group along `split`'s devices, so that placement is exactly expressible, unless that would
+    make more than REFINE_FACTOR × max_groups groups (a placement scattering each group over many devices, as
+    list schedulers do: the groups then only follow it scope by scope). Groups are renumbered in order."""
+    key = op_group.astype(np.int64) * (int(split.max()) + 1) + split
+    uniq, inv = np.unique(key, return_inverse=True)
+    if len(uniq) > REFINE_FACTOR * max_groups:
+        return op_group, int(op_group.max()) + 1
+    n = len(op_group)
+    pos = np.bincount(inv, weights=np.arange(n), minlength=len(uniq)) / np.bincount(inv, minlength=len(uniq))
+    order = np.argsort(pos, kind="stable")
+    rank = np.empty(len(uniq), np.int64)
+    rank[order] = np.arange(len(uniq))
+    return rank[inv].astype(np.int32), len(uniq)
 
 
 def _choose_scopes(parts: list[list[str]], cost: np.ndarray, max_groups: int, significant: float) -> np.ndarray:
