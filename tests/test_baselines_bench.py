@@ -103,7 +103,7 @@ def test_bench_cli_smoke(tmp_path):
     out = tmp_path / "bench"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     cmd = [sys.executable, "-m", "placer", "bench", "--models", "nmt", "--size", "tiny", "--gpus", "2",
-           "--budget", "15", "--out", str(out), "--no-progress"]
+           "--budget", "5", "--out", str(out), "--no-progress"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     cells = json.loads((out / "results.json").read_text())

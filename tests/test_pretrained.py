@@ -40,7 +40,7 @@ def test_one_set_of_weights_places_any_device_count(nmt_tiny):
 
     w = PortableWeights(32, 16, seed=1)
     before = {k: v.copy() for k, v in w.state().items()}
-    for n in (2, 3, 5, 8):
+    for n in (3, 8):       # (the shipped policy is checked on 2, 5 and 8 below)
         p, pol = _bound(nmt_tiny, f"{n}xV100", w)
         try:
             a, noise = pol.sample(6)
@@ -153,11 +153,14 @@ def test_search_from_a_policy_fine_tunes_and_resumes(tmp_path, nmt_tiny):
     from placer.rl.portable import PortableWeights
     from placer.search import search
 
+    from placer.rl.reinforce import ReinforceConfig
+
     w = PortableWeights(32, 16, seed=0)
     p = build_problem(nmt_tiny, "3xK80", seed=0)
     try:
-        r = search(p, budget_seconds=60, max_updates=2, policy=w, out_dir=tmp_path / "run")
-        assert r.extra["updates"] == 2 and r.extra["zero_shot"]["samples"] == 64
+        r = search(p, budget_seconds=60, max_updates=2, policy=w, out_dir=tmp_path / "run",
+                   config=ReinforceConfig(num_samples=4, zero_shot_samples=8))
+        assert r.extra["updates"] == 2 and r.extra["zero_shot"]["samples"] == 8
         assert r.extra["config"]["portable"] is True
         r2 = search(p, budget_seconds=60, max_updates=4, out_dir=tmp_path / "run", resume=True)
         assert r2.extra["updates"] == 4 and r2.search_best <= r.search_best
