@@ -96,7 +96,7 @@ def _task(item: CorpusItem, weights, optimizer, config, seed: int) -> _Task | No
     from placer.bench import evaluate_baselines
     from placer.grouped import grouped_baselines
     from placer.problem import build_problem
-    from placer.rl.portable import PortablePolicy, explore_rate
+    from placer.rl.portable import PortablePolicy
     from placer.rl.reinforce import Reinforce
     from placer.search import policy_inputs
 
@@ -116,9 +116,7 @@ def _task(item: CorpusItem, weights, optimizer, config, seed: int) -> _Task | No
     outs = problem.simulator.evaluate([problem.grouping.expand(t, problem.cluster.cpu_index) for t in targets])
     gt = [o.step_time if o.ok else np.inf for o in outs]
     j = int(np.argmin(gt)) if gt else 0
-    pol = PortablePolicy(weights, policy_inputs(problem), problem.allowed, temperature=config.temperature,
-                         tanh_constant=config.tanh_constant, seed=seed,
-                         explore=explore_rate(config, problem.grouping.num_groups))
+    pol = PortablePolicy.from_config(weights, policy_inputs(problem), problem.allowed, config, seed=seed)
     agent = Reinforce(None, problem.allowed, config, policy=pol, optimizer=optimizer)
     best = min(ok.values())
     return _Task(item, problem, agent, best, targets[j] if gt and np.isfinite(gt[j]) else None,

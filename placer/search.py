@@ -134,10 +134,9 @@ def policy_inputs(problem: PlacementProblem):
     graph, cluster, cost, grouping = problem.graph, problem.cluster, problem.cost, problem.grouping
     D = cluster.num_devices
     c = np.where(np.isfinite(cost), cost, 0.0)
-    gpus = [i for i in cluster.gpu_indices] or list(range(D))
+    gpus = list(cluster.gpu_indices) or list(range(D))
     total = c.sum(axis=0)                                               # [D] the graph's compute per device
-    fastest = float(min(total[i] for i in gpus)) if gpus else float(total.min())
-    fastest = max(fastest, 1e-12)
+    fastest = max(float(total[gpus].min()), 1e-12)
     share = fastest / max(1, len(gpus))
     g_cost = np.zeros((grouping.num_groups, D))
     np.add.at(g_cost, grouping.op_group, c)

@@ -85,7 +85,7 @@ def test_cell_where_the_search_lost_reports_the_policy_above_the_floor(tmp_path)
     from placer.search import SearchResult
 
     problem = SimpleNamespace(lower_bound=0.5, meta={"baseline_wall_s": {"expert": 0.1}}, cost_source="analytical",
-                              graph=SimpleNamespace(num_ops=10))
+                              graph=SimpleNamespace(num_ops=10), grouping=SimpleNamespace(num_groups=4))
     lost = SearchResult(placement=None, step_time=1.0, search_best=1.3, baselines={"expert": 1.0}, lower_bound=0.5,
                         extra={"source": "expert"}, evaluations=100, wall_s=3.0)
     cell = cell_record(CellSettings("nmt", 2, "K80", "tiny", "sim", 10.0, 0), problem,

@@ -118,6 +118,16 @@ class PolicyCommon:
     tanh_constant, explore, allowed, not_allowed, rng and the tf.functions, and implements `_encoder_inputs`,
     `_decode` and `_log_softmax`."""
 
+    def _compile(self, jit: bool) -> None:
+        """The tf.functions: the decoder loop (XLA-compiled with `jit`), sampling and teacher-forced scoring."""
+        G, D = self.num_groups, self.num_devices
+        spec_f = tf.TensorSpec([], tf.float32)
+        self._decode_fn = tf.function(self._decode, jit_compile=jit, reduce_retracing=True)
+        self._sample_fn = tf.function(self._sample, input_signature=[tf.TensorSpec([], tf.int32), spec_f,
+                                                                     tf.TensorSpec([], tf.bool)])
+        self._log_probs_fn = tf.function(self._log_probs, input_signature=[
+            tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32), spec_f])
+
     def _encode(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
         """Bi-LSTM over the groups (batch 1: the input is the same for every sample).
         Returns enc [G, H], attention memory W1·enc [G, A], and the final state (c, h) [1, H]."""
@@ -295,13 +305,7 @@ class PlacementPolicy(PolicyCommon, tf.Module):
                 # placements of layered models are), instead of uniformly scattered
                 self.transition = v(np.eye(D, dtype=np.float32) * stay_bias, "transition")
             self.rng = tf.random.Generator.from_seed(seed)
-
-        spec_k = tf.TensorSpec([], tf.int32)
-        spec_f = tf.TensorSpec([], tf.float32)
-        self._decode_fn = tf.function(self._decode, jit_compile=jit, reduce_retracing=True)
-        self._sample_fn = tf.function(self._sample, input_signature=[spec_k, spec_f, tf.TensorSpec([], tf.bool)])
-        self._log_probs_fn = tf.function(self._log_probs, input_signature=[
-            tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32), spec_f])
+        self._compile(jit)
 
     # ---------------------------------------------------------------- shared pieces
     def _encoder_inputs(self):

@@ -262,12 +262,14 @@ class PortablePolicy(PolicyCommon, tf.Module):
             self.allowed = tf.constant(allowed)
             self.not_allowed = tf.constant(np.where(allowed, 0.0, _NEG).astype(np.float32))
             self.rng = tf.random.Generator.from_seed(seed)
-        spec_f = tf.TensorSpec([], tf.float32)
-        self._decode_fn = tf.function(self._decode, jit_compile=jit, reduce_retracing=True)
-        self._sample_fn = tf.function(self._sample, input_signature=[tf.TensorSpec([], tf.int32), spec_f,
-                                                                     tf.TensorSpec([], tf.bool)])
-        self._log_probs_fn = tf.function(self._log_probs, input_signature=[
-            tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32), spec_f])
+        self._compile(jit)
+
+    @classmethod
+    def from_config(cls, weights: PortableWeights, inputs: PolicyInputs, allowed: np.ndarray, config,
+                    seed: int | None = None) -> "PortablePolicy":
+        """Bound with a `ReinforceConfig`'s temperature, tanh clipping and exploration (seed: the config's)."""
+        return cls(weights, inputs, allowed, temperature=config.temperature, tanh_constant=config.tanh_constant,
+                   seed=config.seed if seed is None else seed, explore=config.explore_for(inputs.load.shape[0]))
 
     # ------------------------------------------------------------------ pieces
     def _encoder_inputs(self):
@@ -368,8 +370,3 @@ def resolve_policy(spec: str | os.PathLike) -> Path:
             raise SearchError(f"this installation has no shipped policy ({d}): train one with placer pretrain")
         return d
     return Path(spec)
-
-
-def explore_rate(config, num_groups: int) -> float:
-    return min(config.explore_max, config.explore_groups / max(1, num_groups))
-

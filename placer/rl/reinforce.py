@@ -83,6 +83,10 @@ class ReinforceConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def explore_for(self, num_groups: int) -> float:
+        """ε for a policy over `num_groups` groups: explore_groups / G, at most explore_max."""
+        return min(self.explore_max, self.explore_groups / max(1, num_groups))
+
 
 def reward_of(step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:
     """R = -sqrt(step time) (hierarchical_controller reward_function="sqrt"); failures count as
@@ -107,7 +111,7 @@ class Reinforce:
         self.policy = policy if policy is not None else PlacementPolicy(
             features, allowed, hidden_size=cfg.hidden_size, attn_size=cfg.attn_size, temperature=cfg.temperature,
             tanh_constant=cfg.tanh_constant, forget_bias=cfg.forget_bias, group_embedding=cfg.group_embedding,
-            stay_bias=cfg.stay_bias, explore=min(cfg.explore_max, cfg.explore_groups / max(1, features.shape[0])),
+            stay_bias=cfg.stay_bias, explore=cfg.explore_for(features.shape[0]),
             seed=cfg.seed)
         self.variables = list(self.policy.trainable_variables)
         if optimizer is not None:        # shared by several agents over the same weights (pretraining)

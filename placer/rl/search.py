@@ -209,15 +209,13 @@ class Search:
             if self.config.portable:
                 if self.policy_inputs is None:
                     raise SearchError("this search uses a portable policy, which needs the problem's policy inputs")
-                from placer.rl.portable import PortablePolicy, PortableWeights, explore_rate
+                from placer.rl.portable import PortablePolicy, PortableWeights
 
                 cfg = self.config
                 weights = self.pretrained if self.pretrained is not None else PortableWeights(
                     cfg.hidden_size, cfg.attn_size, cfg.forget_bias, seed=cfg.seed)
                 inputs = self.policy_inputs() if callable(self.policy_inputs) else self.policy_inputs
-                policy = PortablePolicy(weights, inputs, self.allowed, temperature=cfg.temperature,
-                                        tanh_constant=cfg.tanh_constant, seed=cfg.seed,
-                                        explore=explore_rate(cfg, self.grouping.num_groups))
+                policy = PortablePolicy.from_config(weights, inputs, self.allowed, cfg)
             self._agent = Reinforce(np.asarray(self.grouping.features, np.float32), self.allowed, self.config,
                                     policy=policy)
         return self._agent
