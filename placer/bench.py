@@ -225,6 +225,7 @@ def cell_record(s: CellSettings, problem, times: dict, errors: dict, res, search
         "baseline_errors": errors,
         "evaluations": int(res.evaluations) if res is not None else 0, "ops": int(problem.graph.num_ops),
         "groups": int(problem.grouping.num_groups),
+        **({"grouped_baselines": dict(res.extra.get("grouped_baselines") or {})} if res is not None else {}),
         **({"split_groups": problem.meta["split_groups"]} if problem.meta.get("split_groups") else {}),
         "cost_source": problem.cost_source,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
