@@ -168,6 +168,7 @@ def test_search_from_a_policy_fine_tunes_and_resumes(tmp_path, nmt_tiny):
         p.close()
 
 
+@pytest.mark.slow     # ~12 s: builds and trains on two problems (make test-slow)
 def test_pretrain_writes_a_policy_that_loads(tmp_path):
     from placer.pretrain import CorpusItem, pretrain
     from placer.rl.portable import PortableWeights
