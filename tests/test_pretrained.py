@@ -175,7 +175,7 @@ def test_pretrain_writes_a_policy_that_loads(tmp_path):
 
     info = pretrain(tmp_path / "p", budget_seconds=4, corpus=[CorpusItem("rnnlm", "2xK80", "tiny"),
                                                               CorpusItem("random", "3xV100", seed=2)],
-                    hidden_size=16, attn_size=8)
+                    hidden_size=16, attn_size=8, imitation_share=0.0)   # REINFORCE from the start: >= 1 update under load
     assert info["problems"] == ["rnnlm_tiny@2xK80", "random_2@3xV100"] and info["updates"] >= 1
     w = PortableWeights.load(tmp_path / "p")
     assert w.hidden_size == 16 and w.info["budget_s"] == 4
