@@ -2,12 +2,15 @@
 
     .venv/bin/python benchmarks/bench_anneal.py                                  # nmt4 on 4xK80, full size
     .venv/bin/python benchmarks/bench_anneal.py --model inception_v3 --evals 1000,5000 --anneal-seeds 5
+    .venv/bin/python benchmarks/bench_anneal.py --evals 1000 --policy-seeds 3 \
+        --policy-config '{"elite_steps": 50, "num_samples": 8, "learning_rate": 1e-3}'   # the policy, other settings
     .venv/bin/python benchmarks/bench_anneal.py --tune '[{}, {"batch": 16}, {"block_prob": 0}]' --evals 1000 \
         --anneal-seeds 8                                                        # annealing settings only
 
 One problem (`placer.problem.build_problem`, simulated), then:
-  * the policy's search (`placer.search.search`, default config, --seed) until it has used the largest count of
-    --evals evaluations; its best within N evaluations is read from its history (`placer.bench.policy_curve`);
+  * the policy's search (`placer.search.search`, default `ReinforceConfig` or --policy-config's overrides, seeds
+    --seed.. for --policy-seeds runs) until it has used the largest count of --evals evaluations; its best within
+    N evaluations is read from its history (`placer.bench.policy_curve`);
   * the annealer (`placer.baselines.anneal`, default config) run once per N with N evaluations as its budget
     (its temperature schedule cools over the budget it is given), for --anneal-seeds seeds (seed --seed first).
 Both count every evaluation alike: the op-level baselines, their grouped versions (the shared start), then their
@@ -31,7 +34,6 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 RESULTS = Path(__file__).resolve().parent / "results"
-K = 16    # the policy's samples per update (ReinforceConfig.num_samples)
 
 
 def _emit(rec: dict, name: str = "bench_anneal.jsonl") -> None:
@@ -45,22 +47,27 @@ def _emit(rec: dict, name: str = "bench_anneal.jsonl") -> None:
 
 
 def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal_seeds: int,
-        policy_budget: float) -> list[dict]:
+        policy_budget: float, policy_config: dict | None = None, policy_seeds: int = 1) -> list[dict]:
     from placer.baselines.anneal import AnnealConfig, anneal
     from placer.bench import best_baseline, best_within, policy_curve
     from placer.graphs.models import build_model
     from placer.problem import build_problem
+    from placer.rl.reinforce import ReinforceConfig
     from placer.search import search
 
     t0 = time.perf_counter()
     problem = build_problem(build_model(model, size), cluster, seed=seed)
     build_s = time.perf_counter() - t0
     try:
-        t0 = time.perf_counter()
-        res = search(problem, budget_seconds=policy_budget, seed=seed, max_updates=math.ceil(max(evals) / K),
-                     remeasure=False)
-        policy_wall = time.perf_counter() - t0
-        curve = policy_curve(res, len(problem.baselines))
+        over = dict(policy_config or {})
+        runs_p = []
+        for ps in range(seed, seed + max(1, policy_seeds)):
+            cfg = ReinforceConfig(**{**over, "seed": ps})
+            t0 = time.perf_counter()
+            r = search(problem, budget_seconds=policy_budget, seed=ps, config=cfg, remeasure=False,
+                       max_updates=math.ceil(max(evals) / cfg.num_samples))
+            runs_p.append((r, policy_curve(r, len(problem.baselines)), time.perf_counter() - t0))
+        res, curve, policy_wall = runs_p[0]
         ann = {n: [anneal(problem, max_evaluations=n, seed=seed + i) for i in range(anneal_seeds)] for n in evals}
     finally:
         problem.close()
@@ -71,8 +78,12 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
         vals = [best_within(r.history, n) for r in runs]
         ok = [v for v in vals if v is not None]
         reached = [r for r in res.history if r["evaluations"] <= n]
+        pvals = [best_within(c, n) for _, c, _ in runs_p]
+        pok = [v for v in pvals if v is not None]
         rec = {"bench": "anneal_vs_policy", "model": model, "cluster": cluster, "size": size, "evaluations": n,
                "policy_s": best_within(curve, n), "anneal_s": vals[0],
+               "policy_s_seeds": pvals, "policy_mean_s": statistics.mean(pok) if pok else None,
+               "policy_seeds": [seed + i for i in range(len(runs_p))], "policy_config": over,
                "anneal_s_seeds": vals, "anneal_mean_s": statistics.mean(ok) if ok else None,
                "start": runs[0].start, "start_s": runs[0].start_s, "start_evaluations": curve[0]["evaluations"],
                "best_baseline": bname, "best_baseline_s": bval, "lower_bound_s": res.lower_bound,
@@ -119,13 +130,17 @@ def main(argv=None) -> int:
     ap.add_argument("--anneal-seeds", type=int, default=5, help="annealing runs per count (seeds seed, seed+1...)")
     ap.add_argument("--policy-budget", type=float, default=3600.0,
                     help="wall seconds the policy may take to reach the largest count")
+    ap.add_argument("--policy-config", metavar="JSON", default="{}",
+                    help="ReinforceConfig overrides for the policy's runs (a JSON object)")
+    ap.add_argument("--policy-seeds", type=int, default=1, help="policy runs (seeds seed, seed+1...)")
     ap.add_argument("--tune", metavar="JSON", help="a list of AnnealConfig overrides: run only the annealer")
     a = ap.parse_args(argv)
     evals = sorted(int(x) for x in a.evals.split(",") if x.strip())
     if a.tune:
         tune(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), json.loads(a.tune))
         return 0
-    run(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), a.policy_budget)
+    run(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), a.policy_budget,
+        json.loads(a.policy_config), max(1, a.policy_seeds))
     return 0
 
 

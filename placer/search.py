@@ -207,7 +207,7 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     t0 = time.perf_counter()
     cluster = problem.cluster
     out = Path(out_dir) if out_dir is not None else None
-    config = config or ReinforceConfig(seed=seed)
+    config = config or ReinforceConfig.for_reward(reward, seed=seed)
     weights = load_policy(policy) if policy is not None else None
     if weights is not None:
         config = dc_replace(config, portable=True, hidden_size=weights.hidden_size, attn_size=weights.attn_size)
@@ -501,7 +501,7 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
                               f"{survivors.device_names}")
         ev = evaluator if evaluator is not None else problem.simulator
         s = Search(problem.grouping, ev, cpu_index=survivors.cpu_index, allowed=problem.allowed,
-                   baselines=cands, config=config or ReinforceConfig(seed=seed), seed=seed,
+                   baselines=cands, config=config or ReinforceConfig.for_reward(reward, seed=seed), seed=seed,
                    out_dir=Path(out_dir) if out_dir is not None else None, progress=progress,
                    device_capacity=[d.capacity_bytes for d in survivors.devices])
         why = s.restore_policy(run_dir / "checkpoint", keep)

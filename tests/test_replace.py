@@ -145,7 +145,7 @@ def test_measured_search_drops_a_dead_device_and_replaces_on_the_survivors(tmp_p
 
     problem = build_problem(build_model("nmt", "tiny"), "4xK80", seed=0)
     n_base = len(problem.baselines)
-    ev = _Dying(problem, victim=3, after=n_base + 40)               # dies in the search's third update
+    ev = _Dying(problem, victim=3, after=n_base + 40)               # dies in the search's fifth update
     res = search(problem, ev, reward="measure", budget_seconds=120, max_updates=6, out_dir=tmp_path / "d")
     s = json.loads((tmp_path / "d" / "summary.json").read_text())
     assert [d["devices"] for d in s["dropped"]] == [["/GPU:3"]], s.get("dropped")

@@ -297,7 +297,10 @@ def test_measured_search_on_the_tasks(tasks, tmp_path, capsys):
     assert rc == 0
     s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert s["reward"] == "measure" and s["updates"] == 1
-    assert s["evaluations"] >= 16 + len([v for v in s["baselines"].values()])     # baselines, samples, confirmations
+    from placer.rl.reinforce import ReinforceConfig
+
+    k = ReinforceConfig.for_reward("measure").num_samples                     # one update's samples
+    assert s["evaluations"] >= k + len([v for v in s["baselines"].values()])      # baselines, samples, confirmations
     assert 0 < s["step_time_s"] < 1.0 and all(c["measured_s"] is None or c["measured_s"] > 0 for c in s["confirmed"])
     assert s["step_time_s"] == min(c["measured_s"] for c in s["confirmed"] if c["measured_s"] is not None)
     assert set(s["devices"]) == set(tasks.devices)
