@@ -114,6 +114,28 @@ def retest_spearman(runs_arr, splits: int = 200, seed: int = 0) -> tuple[float, 
     return half, 2 * half / (1 + half)
 
 
+def per_round(runs_arr, sim, rounds: int) -> list[dict]:
+    """Each measurement round on its own (the runs are kept round after round, `runs` per round): the median
+    step time over placements, its drift against round 1, and the simulator's Spearman ρ against that round's
+    medians alone. Load that comes and goes during a measurement shows here: a round whose step times drift
+    also re-orders the placements it slows unevenly (split placements lose more to another process than
+    one-task ones)."""
+    runs_arr = np.asarray(runs_arr, float)
+    if rounds < 1 or runs_arr.shape[1] % rounds:
+        return []
+    per, out, first = runs_arr.shape[1] // rounds, [], None
+    for k in range(rounds):
+        with np.errstate(all="ignore"):
+            med = np.nanmedian(runs_arr[:, k * per:(k + 1) * per], axis=1)
+        ok = np.isfinite(med) & np.isfinite(sim)
+        first = med if first is None else first
+        both = ok & np.isfinite(first) & (first > 0)
+        out.append({"round": k + 1, "median_step_s": float(np.median(med[ok])),
+                    "drift": float(np.median(med[both] / first[both])),
+                    "spearman": spearman(sim[ok], med[ok]) if ok.sum() >= 3 else None})
+    return out
+
+
 def measure_interleaved(evaluator, placements, rounds: int, runs: int) -> list[list[float]]:
     """Every placement measured once per round, rounds one after another; returns all runs per placement (a
     failed measurement adds none)."""
@@ -158,7 +180,7 @@ def run_model(model: str, size: str, tasks: Path, workdir: Path, n: int, rounds:
         runs_arr[i, :len(g)] = g
     np.savez(workdir / f"fidelity_{model}_{size}.npz", placements=np.stack(pls), runs=runs_arr,
              names=np.array(names), cluster=np.array(str(cluster_json)), costs=np.array(str(costs_json)))
-    rec = grade(model, size, graph, workdir, seed)
+    rec = grade(model, size, graph, workdir, seed, rounds=rounds)
     rec.update(rounds=rounds, runs_per_round=runs, wall_s=time.perf_counter() - t0)
     return rec
 
@@ -179,7 +201,7 @@ def _measured(runs_arr) -> np.ndarray:
 
 
 def grade(model: str, size: str, graph, workdir: Path, seed: int = 0, shared_speed: float | None = None,
-          cpu_copy: float = 0.0) -> dict:
+          cpu_copy: float = 0.0, rounds: int = 3) -> dict:
     """Simulate the kept placements with the current simulator and compare with their kept measurements.
     shared_speed: model the tasks' cores as one compute group at that speed (see `chains.py`); cpu_copy: the
     fraction of each transfer's byte time both tasks' cores spend copying (links "cpu_copy"); both written into
@@ -199,10 +221,11 @@ def grade(model: str, size: str, graph, workdir: Path, seed: int = 0, shared_spe
         Path(cluster_json).write_text(json.dumps(obj, indent=1))
     return _record(model, size, graph, names, runs_arr, sim,
                    {"shared_speed": shared_speed, "cpu_copy": float(cpu_copy), "machine": "given",
-                    "cluster": cluster_json})
+                    "cluster": cluster_json}, rounds)
 
 
-def grade_fitted(models: list[str], size: str, graphs: dict, workdir: Path, how: str, seed: int = 0) -> list[dict]:
+def grade_fitted(models: list[str], size: str, graphs: dict, workdir: Path, how: str, seed: int = 0,
+                 rounds: int = 3) -> list[dict]:
     """Grade each model with the machine parameters (shared speed, cpu_copy) fitted to OTHER measurements
     (`placer.sim.fit`): `how="models"`: fitted to the other models' placements (leave one model out: the two
     figures are the machine's, not a model's); `how="halves"`: fitted to half of this model's placements,
@@ -239,11 +262,11 @@ def grade_fitted(models: list[str], size: str, graphs: dict, workdir: Path, how:
         out.append(_record(m, size, graphs[m], names, runs_arr, sim,
                            {"shared_speed": None, "cpu_copy": None, "folds": folds,
                             "machine": "fitted to the other models" if how == "models" else "fitted, 2-fold",
-                            "cluster": f"{cluster_json} (+ shared_speed and cpu_copy as fitted)"}))
+                            "cluster": f"{cluster_json} (+ shared_speed and cpu_copy as fitted)"}, rounds))
     return out
 
 
-def _record(model, size, graph, names, runs_arr, sim, extra: dict) -> dict:
+def _record(model, size, graph, names, runs_arr, sim, extra: dict, rounds: int = 3) -> dict:
     points = []
     for name, s, row in zip(names, sim, runs_arr):
         g = row[np.isfinite(row)]
@@ -259,7 +282,8 @@ def _record(model, size, graph, names, runs_arr, sim, extra: dict) -> dict:
            "median_abs_err": float(np.median(err)), "p90_abs_err": float(np.percentile(err, 90)),
            "ops": int(graph.num_ops), "measured_range_s": [float(meas_a.min()), float(meas_a.max())],
            "mean_signed_err": float(np.mean((sim_a - meas_a) / meas_a)), "failed": len(points) - len(ok),
-           "retest_spearman_half": half, "retest_spearman": full, **extra, "points": points}
+           "retest_spearman_half": half, "retest_spearman": full,
+           "per_round": per_round(runs_arr, np.asarray(sim, float), rounds), **extra, "points": points}
     how = ("  [" + "; ".join(f"ss {f['shared_speed']:.2f} cc {f['cpu_copy']:.2f} from {len(f['fitted_on'])}"
                              for f in extra["folds"]) + "]") if extra.get("folds") else ""
     print(f"{model}: {len(ok)} placements, spearman {rec['spearman']:.3f}, median |err| "
@@ -342,6 +366,13 @@ def section(records: list[dict], command: str, started: str, mach: str, base: li
                     f"{records[0]['machine']}): the tasks' shared speed when both compute, and the fraction of a "
                     "transfer's byte time both tasks' cores spend on its gRPC copy (links `cpu_copy`). "
                     f"Fitted: {fits}.")
+    rounds_text = ""
+    if any(r.get("per_round") for r in records):
+        rounds_text = (" Each measurement round on its own (the simulator's ρ against that round's medians; the "
+                       "round's median step time against round 1's, `per_round`): " + "; ".join(
+                           f"{r['model']}: " + ", ".join(f"ρ {x['spearman']:.3f} ({x['drift'] - 1:+.1%})"
+                                                         for x in r["per_round"] if x["spearman"] is not None)
+                           for r in records if r.get("per_round")) + ".")
     return "\n".join([
         "## Simulator vs real (measured on a 2-task TF cluster of this machine)",
         "",
@@ -357,7 +388,7 @@ def section(records: list[dict], command: str, started: str, mach: str, base: li
         + (f" The tasks' two cores are one compute group at shared speed {shared:.3f} (two MatMul chains: "
            f"`benchmarks/chains.py`, the measurement `placer calibrate` makes): this VM's two vCPUs slow each "
            f"other down, so a placement split over them gains far less than two independent cores would give."
-           if shared else "") + fit_text,
+           if shared else "") + fit_text + rounds_text,
         "",
         *table(records),
         *extra,
@@ -371,7 +402,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="inception_v3,nmt,rnnlm")
     ap.add_argument("--size", default="small")
     ap.add_argument("--placements", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="measurement rounds (with --resimulate: the rounds the kept runs were taken in)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="/tmp/placer-fidelity")
@@ -409,14 +441,16 @@ def main(argv=None) -> int:
 
         graphs = {m: build_model(m, a.size) for m in models}
         if a.fit:
-            records = grade_fitted(models, a.size, graphs, workdir, a.fit, a.seed)
-            base = [grade(m, a.size, graphs[m], workdir, a.seed, shared_speed=a.shared_speed, cpu_copy=a.cpu_copy)
+            records = grade_fitted(models, a.size, graphs, workdir, a.fit, a.seed, rounds=a.rounds)
+            base = [grade(m, a.size, graphs[m], workdir, a.seed, shared_speed=a.shared_speed, cpu_copy=a.cpu_copy,
+                          rounds=a.rounds)
                     for m in models]
         for m in models if not a.fit else ():
             graph = graphs[m]
-            rec = grade(m, a.size, graph, workdir, a.seed, shared_speed=a.shared_speed, cpu_copy=a.cpu_copy)
+            rec = grade(m, a.size, graph, workdir, a.seed, shared_speed=a.shared_speed, cpu_copy=a.cpu_copy,
+                        rounds=a.rounds)
             if a.shared_speed is not None or a.cpu_copy:
-                base.append(grade(m, a.size, graph, workdir, a.seed))
+                base.append(grade(m, a.size, graph, workdir, a.seed, rounds=a.rounds))
             records.append(rec)
     else:
         with tf_cluster(workdir) as tasks:
