@@ -2,12 +2,8 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
-import pytest
 
 from placer.bench import RESULT_KEYS, CellSettings, _curve, best_baseline, cell_record, evaluate_baselines, write_report
 
@@ -99,13 +95,15 @@ def test_cell_where_the_search_lost_reports_the_policy_above_the_floor(tmp_path)
     assert (cell["rl_s"], cell["search_best_s"], cell["rl_from"]) == (0.8, 0.8, "search")
 
 
-def test_bench_cli_smoke(tmp_path):
+def test_bench_cli_smoke(tmp_path, capsys):
+    # the CLI in-process (`placer.cli.main`): a `python -m placer` process would add a TensorFlow start-up
+    from placer.cli import main
+
     out = tmp_path / "bench"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    cmd = [sys.executable, "-m", "placer", "bench", "--models", "nmt", "--size", "tiny", "--gpus", "2",
-           "--budget", "5", "--out", str(out), "--no-progress"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
+    argv = ["bench", "--models", "nmt", "--size", "tiny", "--gpus", "2", "--budget", "5", "--out", str(out),
+            "--no-progress"]
+    rc = main(argv)
+    assert rc == 0, capsys.readouterr().err[-2000:]
     cells = json.loads((out / "results.json").read_text())
     assert isinstance(cells, list) and len(cells) == 1
     cell = cells[0]
@@ -131,7 +129,6 @@ def test_bench_cli_smoke(tmp_path):
     assert all(v is None or v <= start for v in cell["policy_s_at_evals"].values())   # both start there
     # resumable: a rerun with the same settings skips the cell (same content, fast)
     before = (out / "results.json").read_text()
-    r2 = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert r2.returncode == 0, r2.stderr[-2000:]
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
     assert json.loads((out / "results.json").read_text()) == json.loads(before)
     assert np.isfinite(cell["rl_s"])
