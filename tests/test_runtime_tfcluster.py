@@ -69,6 +69,15 @@ def mlp():
     return mlp_graph()
 
 
+@pytest.fixture(scope="module")
+def mlp_meta(mlp, tmp_path_factory):
+    """The small MLP as a graph file for `placer search`: its placements measure in ~0.1 s on the tasks (tiny
+    NMT's take ~1 s), so the measured searches below spend their time searching, not waiting."""
+    path = tmp_path_factory.mktemp("g") / "mlp.meta"
+    path.write_bytes(mlp.meta_graph)
+    return str(path)
+
+
 def _one_line_error(capsys, rc):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
@@ -287,11 +296,11 @@ def test_hang_is_cut_and_the_tasks_measure_again(tasks, mlp):
 
 
 # ---- measured-reward search on the tasks ---------------------------------------------------------------------------
-def test_measured_search_on_the_tasks(tasks, tmp_path, capsys):
+def test_measured_search_on_the_tasks(tasks, mlp_meta, tmp_path, capsys):
     """`placer search --devices tasks.json --reward measure`: every evaluation a real run on the two tasks; the
     summary holds measured times and the re-measured candidates the returned placement was confirmed from."""
     out = tmp_path / "d"
-    rc = main(["search", "--model", "nmt", "--size", "tiny", "--devices", tasks.path, "--reward", "measure",
+    rc = main(["search", mlp_meta, "--devices", tasks.path, "--reward", "measure",
                "--budget", "120", "--max-updates", "1", "--warmup", "1", "--runs", "2", "--out", str(out),
                "--no-progress", "--json"])
     assert rc == 0
@@ -320,7 +329,8 @@ def test_runner_without_a_dead_master_measures_on_the_survivor(tmp_path, mlp):
 
 
 # ---- last: it kills a task of the module's cluster ------------------------------------------------------------------
-def test_task_killed_during_a_measured_search_is_dropped_and_the_search_goes_on(tasks, tmp_path, capsys, caplog):
+def test_task_killed_during_a_measured_search_is_dropped_and_the_search_goes_on(tasks, mlp_meta, tmp_path, capsys,
+                                                                                  caplog):
     """A task killed mid-search: its device is dropped (logged, in summary.json "dropped") and the search
     finishes as a re-placement on the surviving task; it never hangs.
 
@@ -332,7 +342,7 @@ def test_task_killed_during_a_measured_search_is_dropped_and_the_search_goes_on(
     victim = tasks.tasks[1]
     rc: list = []
     search = threading.Thread(target=lambda: rc.append(main([
-        "search", "--model", "nmt", "--size", "tiny", "--devices", tasks.path, "--reward", "measure", "--budget",
+        "search", mlp_meta, "--devices", tasks.path, "--reward", "measure", "--budget",
         "300", "--warmup", "1", "--runs", "2", "--out", str(out), "--no-progress"])), daemon=True)
     with caplog.at_level(logging.WARNING):
         search.start()
