@@ -11,7 +11,7 @@ def test_bench_cell_on_a_topology_preset_in_fp16(tmp_path, capsys):
 
     out = tmp_path / "bench"
     rc = main(["bench", "--models", "gpt", "--size", "tiny", "--cluster", "DGX1", "--precision", "fp16",
-               "--budget", "5", "--no-anneal", "--out", str(out), "--no-progress"])
+               "--budget", "3", "--no-anneal", "--out", str(out), "--no-progress"])
     assert rc == 0, capsys.readouterr().err[-2000:]
     (cell,) = json.loads((out / "results.json").read_text())
     assert set(RESULT_KEYS) <= set(cell)

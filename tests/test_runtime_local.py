@@ -85,6 +85,10 @@ def test_bad_placements_are_failed_outcomes(runner, mlp):
     assert runner.evaluate([np.zeros(n, np.int64)])[0].ok
 
 
+# the same cut (the parent's wait on the child times out and kills it, whatever the child is doing) is default in
+# test_dead_child_is_replaced and test_runtime_faults' baseline-failure test; a child in a real hung TF step in
+# test_child_never_outlives_its_parent
+@pytest.mark.slow     # ~8 s: a real hung TF step cut by the timeout (make test-slow)
 def test_hanging_step_is_cut_by_the_timeout():
     g = hang_graph()
     with LocalRunner(g, "cpu:1", warmup=0, runs=1, timeout=4) as r:
