@@ -183,14 +183,23 @@ def test_killed_task_is_a_failed_outcome_naming_it(tmp_path, mlp):
 
 
 # ---- calibration --------------------------------------------------------------------------------------------------
-def test_calibrate_fits_links_and_writes_files_the_simulator_reads(tasks, mlp, tmp_path):
+def test_calibrate_fits_links_and_writes_files_the_simulator_reads(tasks, mlp, tmp_path, monkeypatch):
+    import functools
+
+    import placer.runtime.calibrate as cal
     from placer.runtime.calibrate import calibrate
     from placer.sim.cluster import parse_cluster
     from placer.sim.costs import CostTable
     from placer.sim.simulator import Simulator
 
+    # the compute-sharing measurement (two MatMul chains) in one round of one timed run, not 3 x 3: it is most of
+    # calibrate's time, and only its shape is checked here
+    monkeypatch.setattr(cal, "compute_sharing", functools.partial(cal.compute_sharing, rounds=1, runs=1))
     summary = calibrate(mlp, tasks.path, tmp_path / "cal", sizes=(1024, 65536, 1 << 20, 4 << 20), link_runs=5,
                         profile_runs=2, timeout=120)
+    sharing = summary["compute_sharing"]
+    assert sharing["runs"] == [1, 1] and sharing["one_task_s"] > 0 and sharing["split_s"] > 0
+    assert 0 < sharing["shared_speed"] <= 1.0
     assert len(summary["links"]) == 2                               # task 0 -> 1 and 1 -> 0
     for ln in summary["links"]:
         assert np.isfinite(ln["latency_s"]) and 1e-7 < ln["latency_s"] < 0.1, ln
