@@ -23,7 +23,7 @@ def test_place_keras_model_placed_graph_runs_on_logical_cpus(keras_model, tmp_pa
     from placer.graphs.load import runtime_spec, synthetic_feeds
 
     result = placer.place(keras_model, devices="cpu:2", reward="sim", budget_seconds=8, batch_size=8,
-                          out_dir=tmp_path / "run", max_updates=5)
+                          out_dir=tmp_path / "run", max_updates=2)
     graph = load(keras_model, batch_size=8)
     p = result.placement
     assert isinstance(p, Placement) and set(p.mapping) == set(graph.names)

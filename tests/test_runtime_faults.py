@@ -82,7 +82,7 @@ def test_baseline_failure_reasons_reach_summary_and_table(graph, tmp_path, capsy
                 return self.debug_sleep(self.timeout + 30)
             return super().measure(placement, **kw)
 
-    ev = HangsOnOne(graph, problem.device_names, warmup=0, runs=1, timeout=8)
+    ev = HangsOnOne(graph, problem.device_names, warmup=0, runs=1, timeout=5)
     try:
         search(problem, ev, reward="measure", budget_seconds=120, max_updates=0, out_dir=tmp_path,
                remeasure=False)
@@ -92,11 +92,11 @@ def test_baseline_failure_reasons_reach_summary_and_table(graph, tmp_path, capsy
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["baselines"][victim] is None
     why = s["baseline_errors"][victim]
-    assert why.startswith("timed out after 8 s") and "memory" not in why
+    assert why.startswith("timed out after 5 s") and "memory" not in why
     assert any(v is not None for v in s["baselines"].values())      # the others were measured
     _print_summary(s, tmp_path)
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith(victim))
-    assert "timed out after 8 s" in line and "out of memory" not in line
+    assert "timed out after 5 s" in line and "out of memory" not in line
 
 
 def test_restarted_worker_is_rechecked_and_rejoins(graph):

@@ -2,7 +2,7 @@
 
 Every TF server here is started by the test itself on 127.0.0.1 and stopped by the PIDs it started, also when the
 test fails (fixtures with finally). One 2-task cluster is shared by the module; the up/down and kill tests make
-their own.
+their own, except the killed-search test, which kills a task of the shared cluster and so comes last.
 """
 from __future__ import annotations
 
@@ -67,6 +67,15 @@ def tasks(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mlp():
     return mlp_graph()
+
+
+@pytest.fixture(scope="module")
+def mlp_meta(mlp, tmp_path_factory):
+    """The small MLP as a graph file for `placer search`: its placements measure in ~0.1 s on the tasks (tiny
+    NMT's take ~1 s), so the measured searches below spend their time searching, not waiting."""
+    path = tmp_path_factory.mktemp("g") / "mlp.meta"
+    path.write_bytes(mlp.meta_graph)
+    return str(path)
 
 
 def _one_line_error(capsys, rc):
@@ -174,14 +183,23 @@ def test_killed_task_is_a_failed_outcome_naming_it(tmp_path, mlp):
 
 
 # ---- calibration --------------------------------------------------------------------------------------------------
-def test_calibrate_fits_links_and_writes_files_the_simulator_reads(tasks, mlp, tmp_path):
+def test_calibrate_fits_links_and_writes_files_the_simulator_reads(tasks, mlp, tmp_path, monkeypatch):
+    import functools
+
+    import placer.runtime.calibrate as cal
     from placer.runtime.calibrate import calibrate
     from placer.sim.cluster import parse_cluster
     from placer.sim.costs import CostTable
     from placer.sim.simulator import Simulator
 
+    # the compute-sharing measurement (two MatMul chains) in one round of one timed run, not 3 x 3: it is most of
+    # calibrate's time, and only its shape is checked here
+    monkeypatch.setattr(cal, "compute_sharing", functools.partial(cal.compute_sharing, rounds=1, runs=1))
     summary = calibrate(mlp, tasks.path, tmp_path / "cal", sizes=(1024, 65536, 1 << 20, 4 << 20), link_runs=5,
                         profile_runs=2, timeout=120)
+    sharing = summary["compute_sharing"]
+    assert sharing["runs"] == [1, 1] and sharing["one_task_s"] > 0 and sharing["split_s"] > 0
+    assert 0 < sharing["shared_speed"] <= 1.0
     assert len(summary["links"]) == 2                               # task 0 -> 1 and 1 -> 0
     for ln in summary["links"]:
         assert np.isfinite(ln["latency_s"]) and 1e-7 < ln["latency_s"] < 0.1, ln
@@ -287,11 +305,11 @@ def test_hang_is_cut_and_the_tasks_measure_again(tasks, mlp):
 
 
 # ---- measured-reward search on the tasks ---------------------------------------------------------------------------
-def test_measured_search_on_the_tasks(tasks, tmp_path, capsys):
+def test_measured_search_on_the_tasks(tasks, mlp_meta, tmp_path, capsys):
     """`placer search --devices tasks.json --reward measure`: every evaluation a real run on the two tasks; the
     summary holds measured times and the re-measured candidates the returned placement was confirmed from."""
     out = tmp_path / "d"
-    rc = main(["search", "--model", "nmt", "--size", "tiny", "--devices", tasks.path, "--reward", "measure",
+    rc = main(["search", mlp_meta, "--devices", tasks.path, "--reward", "measure",
                "--budget", "120", "--max-updates", "1", "--warmup", "1", "--runs", "2", "--out", str(out),
                "--no-progress", "--json"])
     assert rc == 0
@@ -308,39 +326,6 @@ def test_measured_search_on_the_tasks(tasks, tmp_path, capsys):
         assert (out / f).exists(), f
 
 
-def test_task_killed_during_a_measured_search_is_dropped_and_the_search_goes_on(tmp_path):
-    """A task killed mid-search: its device is dropped (logged, in summary.json "dropped") and the search
-    finishes as a re-placement on the surviving task; it never hangs."""
-    import subprocess
-    import sys
-
-    for tf_ in _tf_cluster(tmp_path / "k.json"):
-        out = tmp_path / "d"
-        proc = subprocess.Popen([sys.executable, "-m", "placer", "search", "--model", "nmt", "--size", "tiny",
-                                 "--devices", tf_.path, "--reward", "measure", "--budget", "300", "--warmup", "1",
-                                 "--runs", "2", "--out", str(out), "--no-progress"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))   # a user's default
-        try:
-            deadline = time.time() + 240
-            while not (out / "checkpoint" / "state.json").exists():      # the baselines have been measured
-                assert proc.poll() is None and time.time() < deadline, "the search ended or stalled too early"
-                time.sleep(0.5)
-            os.kill(tf_.tasks[1].pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate(timeout=240)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 0, stderr[-2000:]
-        s = json.loads((out / "summary.json").read_text())
-        assert s["reward"] == "measure" and s["devices"] == list(tf_.tasks[0].devices), s["devices"]
-        assert [d["devices"] for d in s["dropped"]] == [list(tf_.tasks[1].devices)], s.get("dropped")
-        assert "task 1" in s["dropped"][0]["reason"] and s["excluded"] == list(tf_.tasks[1].devices)
-        assert "dropped" in stdout and "dropping" in stderr                  # said on screen and in the log
-        assert s["step_time_s"] > 0 and all(c["measured_s"] for c in s["confirmed"])
-
-
 def test_runner_without_a_dead_master_measures_on_the_survivor(tmp_path, mlp):
     """Task 0 (the session's master) killed: `without` moves the session to task 1, which sees only itself."""
     for tf_ in _tf_cluster(tmp_path / "m.json"):
@@ -353,3 +338,40 @@ def test_runner_without_a_dead_master_measures_on_the_survivor(tmp_path, mlp):
                 assert s.devices == list(tf_.tasks[1].devices) and s.tasks.target.endswith(tf_.tasks[1].address)
                 [ok] = s.evaluate([np.zeros(mlp.num_ops, np.int64)])
                 assert ok.ok and ok.step_time > 0 and ok.on_assigned_device == 1.0, ok.reason
+
+
+# ---- last: it kills a task of the module's cluster ------------------------------------------------------------------
+def test_task_killed_during_a_measured_search_is_dropped_and_the_search_goes_on(tasks, mlp_meta, tmp_path, capsys,
+                                                                                  caplog):
+    """A task killed mid-search: its device is dropped (logged, in summary.json "dropped") and the search
+    finishes as a re-placement on the surviving task; it never hangs.
+
+    It kills task 1 of the module's cluster, so it comes last in this file (pytest runs a file's tests in order).
+    The search runs in-process (`placer.cli.main` in a thread) while this thread kills a real task process."""
+    import logging
+
+    out = tmp_path / "d"
+    victim = tasks.tasks[1]
+    rc: list = []
+    search = threading.Thread(target=lambda: rc.append(main([
+        "search", mlp_meta, "--devices", tasks.path, "--reward", "measure", "--budget",
+        "300", "--warmup", "1", "--runs", "2", "--out", str(out), "--no-progress"])), daemon=True)
+    with caplog.at_level(logging.WARNING):
+        search.start()
+        deadline = time.time() + 240
+        while not (out / "checkpoint" / "state.json").exists():      # the baselines have been measured
+            assert search.is_alive() and time.time() < deadline, "the search ended or stalled too early"
+            time.sleep(0.5)
+        os.kill(victim.pid, signal.SIGKILL)
+        search.join(240)
+        assert not search.is_alive(), "the search did not finish after the task was killed"
+    captured = capsys.readouterr()
+    assert rc == [0], captured.err[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["reward"] == "measure" and s["devices"] == list(tasks.tasks[0].devices), s["devices"]
+    assert [d["devices"] for d in s["dropped"]] == [list(victim.devices)], s.get("dropped")
+    assert "task 1" in s["dropped"][0]["reason"] and s["excluded"] == list(victim.devices)
+    assert "dropped" in captured.out                                      # said on screen and in the log
+    assert any(r.levelno == logging.WARNING and "dropping" in r.getMessage() for r in caplog.records)
+    assert s["step_time_s"] > 0 and all(c["measured_s"] for c in s["confirmed"])
+    assert _gone(victim.pid)

@@ -295,14 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         ap.print_help()
         return 0
-    # measurement runs in child processes; this one keeps off the GPUs (a worker lists its devices itself)
-    hide = args.command != "worker"
-    if not args.debug:
-        _quiet_tensorflow(hide_gpus=hide)
-    elif hide:
-        from placer._tf import hide_gpus
+    # measurement runs in child processes; this one keeps off the GPUs. A worker's own process never runs
+    # TensorFlow (its measurement children do, and list its devices), so it does not import it: it starts at once
+    if args.command != "worker":
+        if not args.debug:
+            _quiet_tensorflow(hide_gpus=True)
+        else:
+            from placer._tf import hide_gpus
 
-        hide_gpus()
+            hide_gpus()
     mod, fn = COMMANDS[args.command].split(":")
     from placer.errors import PlacerError
 
