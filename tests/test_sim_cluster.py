@@ -66,6 +66,28 @@ def test_json_round_trip(tmp_path):
     assert c2.devices[0].memory_bytes == c.devices[0].memory_bytes
 
 
+def test_json_round_trip_keeps_link_fractions_and_compute_groups(tmp_path):
+    """A calibrated cluster's copy fraction per link, pipelining and compute group survive to_json → parse (a
+    fraction of 0.5 once came back as `true`, i.e. 1.0)."""
+    from placer.sim.cluster import cluster_from_dict, link_cpu_copy, link_pipelined
+
+    obj = {"devices": [{"name": "/job:w/task:0/device:CPU:0", "kind": "cpu"},
+                       {"name": "/job:w/task:1/device:CPU:0", "kind": "cpu"}],
+           "links": [[None, {"bandwidth_Bps": 4e9, "latency_s": 3e-4, "pipelined": True, "cpu_copy": 0.5}],
+                     [{"bandwidth_Bps": 3e9, "latency_s": 2e-4, "cpu_copy": True}, None]],
+           "compute_groups": [{"devices": ["/job:w/task:0/device:CPU:0", "/job:w/task:1/device:CPU:0"],
+                               "shared_speed": 0.6}]}
+    c = cluster_from_dict(obj, "calibrated")
+    p = tmp_path / "c.json"
+    to_json(c, p)
+    c2 = parse_cluster(str(p))
+    assert np.array_equal(link_cpu_copy(c2), link_cpu_copy(c)) and link_cpu_copy(c2)[0, 1] == 0.5
+    assert link_cpu_copy(c2)[1, 0] == 1.0
+    assert np.array_equal(link_pipelined(c2), link_pipelined(c))
+    assert np.array_equal(c2.bandwidth, c.bandwidth) and np.array_equal(c2.latency, c.latency)
+    assert c2.meta["compute_groups"] == c.meta["compute_groups"]
+
+
 def test_json_minimal_and_custom_kind_and_links(tmp_path):
     p = tmp_path / "custom.json"
     p.write_text(json.dumps({

@@ -282,7 +282,7 @@ def topology_cluster(spec: str) -> Cluster | None:
     cluster JSON's "links") with the shared ones named in `meta["link_shared"]` / `meta["shared_links"]`.
 
     >>> c = topology_cluster("DGX1")
-    >>> c.num_devices, c.bandwidth[0, 3] / 1e9, c.bandwidth[0, 5] / 1e9
+    >>> c.num_devices, float(c.bandwidth[0, 3] / 1e9), float(c.bandwidth[0, 5] / 1e9)
     (9, 50.0, 15.75)
     """
     s = str(spec).strip()
@@ -401,7 +401,8 @@ Device fields: name (TF short form or full form), kind, memory_bytes, reserve_by
 host CPU preset: 2), peak_flops (fp32 FLOP/s), mem_bandwidth (bytes/s). Diagonal entries are ignored; a null or
 missing matrix (or link) takes the default link model. A transfer of B bytes on link i->j takes
 latency + B / bandwidth. A link's "pipelined": true lets transfers overlap their latency (gRPC); "cpu_copy": true
-makes both endpoint devices busy for B / bandwidth (the tasks' own cores serialise and parse the tensor)."""
+(or a fraction f) makes both endpoint devices busy for B / bandwidth (or f x that: the tasks' own cores serialise
+and parse the tensor)."""
 
 
 def cluster_to_dict(cluster: Cluster) -> dict:
@@ -434,7 +435,8 @@ def _links_of(cluster: Cluster) -> list:
     return [[None if i == j else {"bandwidth_Bps": float(cluster.bandwidth[i, j]),
                                   "latency_s": float(cluster.latency[i, j]), "shared": shared.get(f"{i},{j}"),
                                   **({"pipelined": True} if pipe[i, j] else {}),
-                                  **({"cpu_copy": True} if copy[i, j] else {})}
+                                  **({"cpu_copy": True if copy[i, j] == 1.0 else float(copy[i, j])}
+                                     if copy[i, j] else {})}
              for j in range(cluster.num_devices)] for i in range(cluster.num_devices)]
 
 
