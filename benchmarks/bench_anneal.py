@@ -81,7 +81,7 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
         pvals = [best_within(c, n) for _, c, _ in runs_p]
         pok = [v for v in pvals if v is not None]
         rec = {"bench": "anneal_vs_policy", "model": model, "cluster": cluster, "size": size, "evaluations": n,
-               "policy_s": best_within(curve, n), "anneal_s": vals[0],
+               "policy_s": pvals[0], "anneal_s": vals[0],
                "policy_s_seeds": pvals, "policy_mean_s": statistics.mean(pok) if pok else None,
                "policy_seeds": [seed + i for i in range(len(runs_p))], "policy_config": over,
                "anneal_s_seeds": vals, "anneal_mean_s": statistics.mean(ok) if ok else None,
