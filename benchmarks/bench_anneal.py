@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_anneal.py --model inception_v3 --evals 1000,5000 --anneal-seeds 5
     .venv/bin/python benchmarks/bench_anneal.py --evals 1000 --policy-seeds 3 \
         --policy-config '{"elite_steps": 50, "num_samples": 8, "learning_rate": 1e-3}'   # the policy, other settings
+    .venv/bin/python benchmarks/bench_anneal.py --evals 1000 --policy default          # from the pretrained policy
     .venv/bin/python benchmarks/bench_anneal.py --tune '[{}, {"batch": 16}, {"block_prob": 0}]' --evals 1000 \
         --anneal-seeds 8                                                        # annealing settings only
 
@@ -47,13 +48,14 @@ def _emit(rec: dict, name: str = "bench_anneal.jsonl") -> None:
 
 
 def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal_seeds: int,
-        policy_budget: float, policy_config: dict | None = None, policy_seeds: int = 1) -> list[dict]:
+        policy_budget: float, policy_config: dict | None = None, policy_seeds: int = 1,
+        policy: str | None = None) -> list[dict]:
     from placer.baselines.anneal import AnnealConfig, anneal
     from placer.bench import best_baseline, best_within, policy_curve
     from placer.graphs.models import build_model
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
-    from placer.search import search
+    from placer.search import load_policy, search
 
     t0 = time.perf_counter()
     problem = build_problem(build_model(model, size), cluster, seed=seed)
@@ -65,7 +67,8 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
             cfg = ReinforceConfig(**{**over, "seed": ps})
             t0 = time.perf_counter()
             r = search(problem, budget_seconds=policy_budget, seed=ps, config=cfg, remeasure=False,
-                       max_updates=math.ceil(max(evals) / cfg.num_samples))
+                       max_updates=math.ceil(max(evals) / cfg.num_samples),
+                       policy=load_policy(policy) if policy else None)
             runs_p.append((r, policy_curve(r, len(problem.baselines)), time.perf_counter() - t0))
         res, curve, policy_wall = runs_p[0]
         ann = {n: [anneal(problem, max_evaluations=n, seed=seed + i) for i in range(anneal_seeds)] for n in evals}
@@ -84,6 +87,7 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
                "policy_s": pvals[0], "anneal_s": vals[0],
                "policy_s_seeds": pvals, "policy_mean_s": statistics.mean(pok) if pok else None,
                "policy_seeds": [seed + i for i in range(len(runs_p))], "policy_config": over,
+               "pretrained": policy,
                "anneal_s_seeds": vals, "anneal_mean_s": statistics.mean(ok) if ok else None,
                "start": runs[0].start, "start_s": runs[0].start_s, "start_evaluations": curve[0]["evaluations"],
                "best_baseline": bname, "best_baseline_s": bval, "lower_bound_s": res.lower_bound,
@@ -134,13 +138,15 @@ def main(argv=None) -> int:
                     help="ReinforceConfig overrides for the policy's runs (a JSON object)")
     ap.add_argument("--policy-seeds", type=int, default=1, help="policy runs (seeds seed, seed+1...)")
     ap.add_argument("--tune", metavar="JSON", help="a list of AnnealConfig overrides: run only the annealer")
+    ap.add_argument("--policy", help="start the policy's search from a pretrained policy ('default' or a "
+                                     "`placer pretrain` directory), as `placer search --policy` does")
     a = ap.parse_args(argv)
     evals = sorted(int(x) for x in a.evals.split(",") if x.strip())
     if a.tune:
         tune(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), json.loads(a.tune))
         return 0
     run(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), a.policy_budget,
-        json.loads(a.policy_config), max(1, a.policy_seeds))
+        json.loads(a.policy_config), max(1, a.policy_seeds), a.policy)
     return 0
 
 
