@@ -5,11 +5,10 @@
 
 For each held-out graph (`placer.pretrain.HELD_OUT` families: inception_v3, gpt, clip), on one problem built once
 (cluster, costs, grouping, baselines), in one run:
-- zero-shot: `build_problem(..., baselines="fast")` (every baseline but the slow list schedulers m_etf and
-  m_sct) then the policy's zero-shot batch (`search(..., policy=P, max_updates=0)`: the baselines and their
-  grouped versions simulated, the best grouped one given to the policy as its hint, 64 samples, the best by the
-  simulator): `zero_shot_s` (the policy's own best, never a baseline) and `zero_shot_wall_s` (all of that; what
-  `placer place --fast-baselines` costs, graph import excluded: cached);
+- zero-shot: `build_problem(..., baselines=False)` then the policy's zero-shot batch (`search(..., policy=P,
+  max_updates=0)`, 64 samples, the best by the simulator): `zero_shot_s` (the policy's own best) and
+  `zero_shot_wall_s` (building the problem without baselines + sampling + simulating; what `placer place
+  --no-baselines` costs, graph import excluded: cached);
 - `finetune60_s`: a 60 s search starting from the pretrained policy;
 - `scratch60_s` / `scratch300_s`: 60 s and 300 s searches from scratch (the default search: imitate the best
   grouped baseline, then REINFORCE);
@@ -58,9 +57,9 @@ def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], see
         print(f"warning: {model} is not a held-out family ({', '.join(HELD_OUT)})", file=sys.stderr)
     g = build_model(model, size, precision=precision)
     rec = {"graph": spec, "model": model, "size": size, "cluster": cluster, "precision": precision, "ops": g.num_ops}
-    # zero-shot, as `placer place --fast-baselines` does it
+    # zero-shot, as `placer place --no-baselines` does it
     t0 = time.perf_counter()
-    bare = build_problem(g, cluster, seed=seed, baselines="fast")
+    bare = build_problem(g, cluster, seed=seed, baselines=False)
     r = search(bare, budget_seconds=1.0, max_updates=0, seed=seed, policy=load_policy(policy),
                config=ReinforceConfig(seed=seed))
     rec["zero_shot_wall_s"] = time.perf_counter() - t0

@@ -20,7 +20,6 @@ Rewards are simulated (each problem's preset cluster and analytical costs).
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import logging
 import platform
@@ -97,7 +96,7 @@ def _task(item: CorpusItem, weights, optimizer, config, seed: int) -> _Task | No
     from placer.bench import evaluate_baselines
     from placer.grouped import grouped_baselines
     from placer.problem import build_problem
-    from placer.rl.portable import PortablePolicy, hint_from_groups
+    from placer.rl.portable import PortablePolicy
     from placer.rl.reinforce import Reinforce
     from placer.search import policy_inputs
 
@@ -117,12 +116,10 @@ def _task(item: CorpusItem, weights, optimizer, config, seed: int) -> _Task | No
     outs = problem.simulator.evaluate([problem.grouping.expand(t, problem.cluster.cpu_index) for t in targets])
     gt = [o.step_time if o.ok else np.inf for o in outs]
     j = int(np.argmin(gt)) if gt else 0
-    target = targets[j] if gt and np.isfinite(gt[j]) else None
-    inputs = dataclasses.replace(policy_inputs(problem), hint=hint_from_groups(target, problem.cluster.num_devices))
-    pol = PortablePolicy.from_config(weights, inputs, problem.allowed, config, seed=seed)
+    pol = PortablePolicy.from_config(weights, policy_inputs(problem), problem.allowed, config, seed=seed)
     agent = Reinforce(None, problem.allowed, config, policy=pol, optimizer=optimizer)
     best = min(ok.values())
-    return _Task(item, problem, agent, best, target,
+    return _Task(item, problem, agent, best, targets[j] if gt and np.isfinite(gt[j]) else None,
                  float(gt[j]) if gt else np.inf, config.failure_factor * max(ok.values()),
                  np.array([d.capacity_bytes for d in problem.cluster.devices], np.float64))
 

@@ -100,21 +100,14 @@ def check_total_memory(graph: OpGraph, cluster: Cluster, usable: Sequence[int]) 
                           f"({', '.join(f'{d.name} {fmt_bytes(d.capacity_bytes)}' for d in devs)})")
 
 
-# the list schedulers whose wall grows fastest with the graph (seconds on a 20k-op transformer, where the others
-# take a fraction of one): `build_problem(baselines="fast")` leaves them out
-SLOW_BASELINES = ("m_etf", "m_sct")
-
-
-def compute_baselines(graph: OpGraph, cluster: Cluster, cost: np.ndarray, seed: int = 0, fast: bool = False
+def compute_baselines(graph: OpGraph, cluster: Cluster, cost: np.ndarray, seed: int = 0
                       ) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, float]]:
     """Every baseline of placer.baselines that builds (name → op placement), why the others did not, and the
-    wall seconds each took. fast: all but `SLOW_BASELINES`."""
+    wall seconds each took."""
     from placer.baselines import BASELINES, run_baseline
 
     out, errors, walls = {}, {}, {}
     for name in BASELINES:
-        if fast and name in SLOW_BASELINES:
-            continue
         t0 = time.perf_counter()
         try:
             out[name] = run_baseline(name, graph, cluster, costs=cost, seed=seed)
@@ -127,7 +120,7 @@ def compute_baselines(graph: OpGraph, cluster: Cluster, cost: np.ndarray, seed: 
 
 def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" = None, *,
                   devices: "str | Sequence[str] | None" = None, costs=None, max_groups: int | None = None,
-                  allow_cpu: bool = False, seed: int = 0, baselines: bool | str = True,
+                  allow_cpu: bool = False, seed: int = 0, baselines: bool = True,
                   check_memory: bool = True, grouping: Grouping | None = None,
                   split_groups: str | None = None) -> PlacementProblem:
     """Build the problem of placing `graph` on `cluster` (simulated hardware: "4xK80", a cluster JSON path or a
@@ -138,8 +131,7 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
     costs: a CostTable, a cost-table path (`placer profile` / `placer calibrate`), a float64[n, D] matrix, or
     None (the analytical estimate). max_groups: default min(256, 20 × #GPUs). allow_cpu: let groups that are
     not CPU-only use the host CPU too (off by default: on GPU clusters the CPU is a slow trap that never runs out
-    of memory, and CLI.md's "N devices" are the GPUs). baselines=False skips computing them, "fast" computes
-    all but the slowest (`SLOW_BASELINES`, seconds on 20k-op graphs), and
+    of memory, and CLI.md's "N devices" are the GPUs). baselines=False skips computing them, and
     check_memory=False skips the up-front check that the variables fit (`placer simulate` reports OOM instead).
     grouping: reuse this grouping of `graph` instead of grouping it again (re-placement keeps a run's groups).
     split_groups: a baseline name, or "best" (the fastest baseline that fits, simulated): the groups follow that
@@ -171,10 +163,7 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
     gpus = cluster.gpu_indices
     if check_memory:
         check_total_memory(graph, cluster, list(range(cluster.num_devices)) if allow_cpu else sorted(set(gpus)))
-    if baselines not in (True, False, "fast"):
-        raise SearchError(f"baselines must be True, False or 'fast', got {baselines!r}")
-    base, errors, walls = compute_baselines(graph, cluster, cost, seed, fast=baselines == "fast") if baselines \
-        else ({}, {}, {})
+    base, errors, walls = compute_baselines(graph, cluster, cost, seed) if baselines else ({}, {}, {})
     split_name = None
     if grouping is None:
         G = int(max_groups) if max_groups else default_max_groups(len(gpus))

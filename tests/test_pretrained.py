@@ -75,73 +75,6 @@ def test_greedy_sample_is_the_teacher_forced_argmax(inception_tiny):
         p.close()
 
 
-def test_hint_reaches_both_the_sampler_and_teacher_forcing(inception_tiny):
-    """The hint (the best grouped baseline's device per group) is one of the device-scoring features: with a
-    hint the scores change, and the greedy sample is still the argmax of the teacher-forced distribution (the
-    decoder and the teacher-forced scorer read the same hint row for each group)."""
-    import dataclasses
-
-    from placer.problem import build_problem
-    from placer.rl.portable import PortablePolicy, PortableWeights, hint_from_groups
-    from placer.search import policy_inputs
-
-    w = PortableWeights(32, 16, seed=4)
-    p = build_problem(inception_tiny, "4xK80", seed=0, baselines=False)
-    try:
-        inputs = policy_inputs(p)
-        G, D = p.grouping.num_groups, p.cluster.num_devices
-        groups = np.array([np.flatnonzero(p.allowed[g])[g % p.allowed[g].sum()] for g in range(G)])
-        plain = PortablePolicy(w, inputs, p.allowed, seed=0)
-        hinted = PortablePolicy(w, dataclasses.replace(inputs, hint=hint_from_groups(groups, D)), p.allowed, seed=0)
-        a, _ = hinted.sample(1, greedy=True)
-        assert (hinted.group_log_probs(a)[0].argmax(-1) == a[0]).all()
-        assert not np.allclose(hinted.group_log_probs(a), plain.group_log_probs(a), atol=1e-4), \
-            "the hint changed no score: it is not wired into the device scores"
-        with pytest.raises(SearchError, match="hint"):
-            PortablePolicy(w, dataclasses.replace(inputs, hint=np.zeros((G, D + 1), np.float32)), p.allowed)
-    finally:
-        p.close()
-
-
-def test_pretrained_search_reads_the_best_grouped_baseline_as_its_hint(tmp_path, nmt_tiny):
-    """Before its zero-shot batch, a search from a pretrained policy evaluates the grouped baselines (counted
-    as evaluations, as a search from scratch counts them), gives the best that fits to the policy as its hint,
-    and a resumed search rebuilds the policy with the same hint."""
-    from placer.problem import build_problem
-    from placer.rl.portable import PortableWeights
-    from placer.rl.reinforce import ReinforceConfig
-    from placer.rl.search import Search
-    from placer.search import policy_inputs
-
-    p = build_problem(nmt_tiny, "3xK80", seed=0)
-    try:
-        def make():
-            return Search(p.grouping, p.simulator, cpu_index=p.cluster.cpu_index, allowed=p.allowed,
-                          baselines=p.baselines, config=ReinforceConfig(num_samples=4, zero_shot_samples=4,
-                                                                          portable=True, hidden_size=32, attn_size=16),
-                          out_dir=tmp_path / "run", progress=False, tensorboard=False,
-                          policy_inputs=lambda: policy_inputs(p), pretrained=PortableWeights(32, 16, seed=0))
-        s = make()
-        s.run(60, max_updates=1)
-        ok = {n: t for n, t in s.grouped_times.items() if t is not None}
-        assert ok, "no grouped baseline fits on 3xK80"
-        assert s.evaluations == len(s.baselines) + len(s.grouped_times) + 4 + 4   # baselines, grouped, zero-shot, 1 update
-        from placer.grouped import grouped_baselines
-
-        names, targets = grouped_baselines(p.baselines, s.baselines, p.grouping.op_group, p.grouping.num_groups,
-                                           p.allowed)
-        best = names[int(np.argmin([s.grouped_times[n] if s.grouped_times[n] is not None else np.inf
-                                    for n in names]))]
-        assert np.array_equal(s.hint_groups, targets[names.index(best)])
-        hint = s.agent.policy.hint.numpy()
-        assert np.array_equal(hint.argmax(1), s.hint_groups) and hint.sum() == p.grouping.num_groups
-        s.save_checkpoint()
-        r = make()
-        assert r.load_checkpoint() and np.array_equal(r.agent.policy.hint.numpy(), hint)
-    finally:
-        p.close()
-
-
 def test_save_load_roundtrip_and_bad_files_get_one_line(tmp_path):
     from placer.rl.portable import PortableWeights
 
@@ -213,12 +146,6 @@ def test_cli_place_writes_placement_and_summary(tmp_path):
     assert (out / "placement.json").exists()
     assert s["policy"] == "default" and s["zero_shot"]["samples"] == 8 and s["updates"] == 0
     assert s["search_best_s"] is not None and s["step_time_s"] <= s["search_best_s"] + 1e-12
-    # --fast-baselines: the slow list schedulers are left out, the others still give the policy its hint
-    out2 = tmp_path / "fast"
-    assert main(["place", "--policy", "default", "--model", "nmt", "--size", "tiny", "--cluster", "4xK80",
-                 "--samples", "4", "--fast-baselines", "--out", str(out2), "--no-progress"]) == 0
-    s2 = json.loads((out2 / "summary.json").read_text())
-    assert "m_etf" not in s2["baselines"] and "m_sct" not in s2["baselines"] and "heft" in s2["baselines"]
 
 
 def test_search_from_a_policy_fine_tunes_and_resumes(tmp_path, nmt_tiny):

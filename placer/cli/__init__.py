@@ -191,11 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds of fine-tuning after the zero-shot answer (default 0: none)")
     p.add_argument("--groups", type=int, help="number of groups (default min(256, 20 x #devices))")
     p.add_argument("--no-baselines", action="store_true",
-                   help="skip computing the baselines (faster on large graphs; the policy gets no baseline "
-                        "as its hint, and the answer is the policy's alone)")
-    p.add_argument("--fast-baselines", action="store_true",
-                   help="compute all baselines but the slow list schedulers m_etf and m_sct (seconds on large "
-                        "graphs); the best grouped one is still the policy's hint")
+                   help="skip computing the baselines (faster on large graphs; the answer is the policy's alone)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -159,7 +159,7 @@ def run_place(args) -> int:
     weights = load_policy(args.policy)         # a bad policy fails before the graph is read
     graph = load_from_args(args)
     problem = build_problem(graph, args.cluster, costs=args.costs, max_groups=args.groups, seed=args.seed,
-                            baselines=False if args.no_baselines else "fast" if args.fast_baselines else True)
+                            baselines=not args.no_baselines)
     try:
         res = search(problem, budget_seconds=args.budget if args.budget > 0 else 1.0, seed=args.seed,
                      config=ReinforceConfig(seed=args.seed, zero_shot_samples=args.samples), out_dir=out,

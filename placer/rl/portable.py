@@ -10,13 +10,8 @@ decoder with additive attention) with two changes that remove every dimension ti
   its properties (`device_features`, supplied by the caller: speed, memory, links, CPU or not) and from the
   state of the placement being decoded (the compute and memory already put on it, relative to its fair share
   and to its capacity, before and after this group; whether the previous group went there; the fraction of this
-  group's input bytes that already lives there; whether the best grouped baseline puts this group there, the
-  "hint"), and the logit is v · tanh(q_t + W_k x_d) with q_t the decoder's query. The decoder reads the previous
-  device's properties, not its index. Any number of devices works.
-
-The hint (version 2) gives the policy what the heuristics found on this graph, as GDP and Placeto give their
-policies the graph's structure: it learns over the corpus when to follow the best baseline and where to leave it,
-so that its zero-shot answer starts from that baseline rather than from nothing.
+  group's input bytes that already lives there), and the logit is v · tanh(q_t + W_k x_d) with q_t the decoder's
+  query. The decoder reads the previous device's properties, not its index. Any number of devices works.
 
 `PortableWeights` holds the variables (saved as `policy.npz` + `policy.json`: numpy arrays without pickle and a
 versioned JSON header); `PortablePolicy` binds them to one problem and offers the interface `Reinforce`
@@ -51,7 +46,7 @@ from placer.errors import SearchError
 from placer.rl.policy import _NEG, POLICY_DEVICE, PolicyCommon, _glorot, _lstm_bias, _lstm_gates, _lstm_seq
 
 FORMAT = "placer-portable-policy"
-VERSION = 2        # 2: the "hint" feature (the best grouped baseline's device per group)
+VERSION = 1
 # the group features (columns of `group_features`): Grouping's per-graph-normalised scalars, the group's share of
 # the graph's compute and persistent bytes (× G: 1 = an average group), and the share of op families
 SCALARS = ("ops", "compute", "out_bytes", "persistent_bytes", "bytes_out", "bytes_in", "cpu_only", "position")
@@ -61,7 +56,7 @@ GROUP_FEATURES = SCALARS + ("compute_share", "persistent_share", "from_prev", "t
 # the device features (columns of PolicyInputs.device): computed by `placer.problem.policy_inputs`
 DEVICE_FEATURES = ("speed", "memory", "is_cpu", "link_mean", "link_min", "comm_ratio", "num_devices")
 # per (sample, group, device) features of the placement so far, computed while decoding
-DYNAMIC = ("load", "load_after", "mem", "mem_after", "prev", "inflow", "group_load", "group_mem", "hint")
+DYNAMIC = ("load", "load_after", "mem", "mem_after", "prev", "inflow", "group_load", "group_mem")
 
 
 def _family(op_type: str) -> str:
@@ -126,32 +121,14 @@ class PolicyInputs:
     load: np.ndarray         # float32[G, D]: the group's compute on device d / (the graph's compute / #accelerators)
     mem: np.ndarray          # float32[G, D]: the group's persistent bytes / device d's memory
     device: np.ndarray       # float32[D, len(DEVICE_FEATURES)]
-    hint: np.ndarray | None = None   # float32[G, D]: 1 on the device the best grouped baseline gives the group
-    #                                  (`hint_from_groups`); None or zeros: no baseline fits, no hint
 
     def check(self) -> None:
         G, D = self.load.shape
         shapes = {"group": (self.group.shape, (G, len(GROUP_FEATURES))), "adjacency": (self.adjacency.shape, (G, G)),
                   "mem": (self.mem.shape, (G, D)), "device": (self.device.shape, (D, len(DEVICE_FEATURES)))}
-        if self.hint is not None:
-            shapes["hint"] = (self.hint.shape, (G, D))
         for k, (got, want) in shapes.items():
             if tuple(got) != want:
                 raise SearchError(f"policy input {k} has shape {tuple(got)}, expected {want}")
-
-
-def hint_from_groups(groups: np.ndarray | None, num_devices: int) -> np.ndarray | None:
-    """float32[G, D] one-hot of a group placement (the best grouped baseline), or None.
-
-    >>> hint_from_groups(np.array([1, 0, 1]), 2)
-    array([[0., 1.],
-           [1., 0.],
-           [0., 1.]], dtype=float32)
-    """
-    if groups is None:
-        return None
-    g = np.asarray(groups, np.int64)
-    return np.eye(num_devices, dtype=np.float32)[g]
 
 
 class PortableWeights(tf.Module):
@@ -229,8 +206,7 @@ class PortableWeights(tf.Module):
             raise SearchError(f"{head_p} is not a placer portable policy (format {head.get('format')!r})"
                               if isinstance(head, dict) else f"{head_p} is not a placer portable policy")
         if head.get("version") != VERSION or list(head.get("group_features", [])) != list(GROUP_FEATURES) \
-                or list(head.get("device_features", [])) != list(DEVICE_FEATURES) \
-                or list(head.get("dynamic_features", [])) != list(DYNAMIC):
+                or list(head.get("device_features", [])) != list(DEVICE_FEATURES):
             raise SearchError(f"{d} holds a policy of format version {head.get('version')} with other features; this "
                               f"placer reads version {VERSION}: pretrain again (placer pretrain --out DIR)")
         try:
@@ -279,8 +255,6 @@ class PortablePolicy(PolicyCommon, tf.Module):
             self.adj_in = tf.constant((1.0 / np.maximum(tot, 1e-6)).astype(np.float32))   # [G]
             self.gload = tf.constant(np.asarray(inputs.load, np.float32))
             self.gmem = tf.constant(np.asarray(inputs.mem, np.float32))
-            self.hint = tf.constant(np.zeros((G, D), np.float32) if inputs.hint is None
-                                    else np.asarray(inputs.hint, np.float32))
             dev = np.asarray(inputs.device, np.float32)
             self.dev = tf.constant(dev)
             self.dev_in = tf.constant(np.concatenate([np.concatenate([dev, np.zeros((D, 1), np.float32)], 1),
@@ -302,18 +276,17 @@ class PortablePolicy(PolicyCommon, tf.Module):
         w = self.w
         return (self.features, w.enc_fw_wx, w.enc_fw_wh, w.enc_fw_b, w.enc_bw_wx, w.enc_bw_wh, w.enc_bw_b, w.attn_w1)
 
-    def _logits(self, q, load, mem, prev, inflow, gload, gmem, hint):
-        """Device scores [..., D] from the query q [..., A] and the placement state (each [..., D]); gload,
-        gmem and hint (this group's load and memory share per device, the baseline's device) broadcast."""
+    def _logits(self, q, load, mem, prev, inflow, gload, gmem):
+        """Device scores [..., D] from the query q [..., A] and the placement state (each [..., D]); gload and
+        gmem (this group's load and memory share per device) broadcast against them."""
         w = self.w
         shape = tf.shape(load)
         dev = tf.broadcast_to(self.dev, tf.concat([shape, [self.dev.shape[1]]], 0))
         gl = tf.broadcast_to(gload, shape)
         gm = tf.broadcast_to(gmem, shape)
-        hi = tf.broadcast_to(hint, shape)
         x = tf.concat([dev, tf.stack([tf.math.log1p(load), tf.math.log1p(load + gl), tf.minimum(mem, 4.0),
                                       tf.minimum(mem + gm, 4.0), prev, inflow, tf.math.log1p(gl),
-                                      tf.minimum(gm, 4.0), hi], -1)], -1)
+                                      tf.minimum(gm, 4.0)], -1)], -1)
         key = x @ w.key_w + w.key_b                                                       # [..., D, A]
         return tf.reduce_sum(tf.tanh(q[..., None, :] + key) * w.out_v, -1)
 
@@ -344,7 +317,7 @@ class PortablePolicy(PolicyCommon, tf.Module):
                 prev_oh = tf.one_hot(prev, D)                           # row D ("go") → all zeros
                 inflow = inacc[:, t, :] * self.adj_in[t]
                 logits = self._clip(self._logits(qh + ctx @ out_ctx, load, mem, prev_oh, inflow, self.gload[t],
-                                                 self.gmem[t], self.hint[t]))
+                                                 self.gmem[t]))
                 logits += noise_scale * self._noise_std(logits, None) * eps[t] + self.not_allowed[t]
                 a = tf.cast(tf.argmax(logits + gumbel[t], -1), tf.int32)
                 a = tf.where(explore[t], uniform_a[t], a)
@@ -378,8 +351,7 @@ class PortablePolicy(PolicyCommon, tf.Module):
             mem = tf.math.cumsum(oh * self.gmem[None], axis=1, exclusive=True)
             prev_oh = tf.concat([tf.zeros([k, 1, D]), oh[:, :-1]], 1)
             inflow = tf.einsum("jt,kjd->ktd", self.adj, oh) * self.adj_in[None, :, None]
-            logits = self._clip(self._logits(query, load, mem, prev_oh, inflow, self.gload[None], self.gmem[None],
-                                             self.hint[None]))
+            logits = self._clip(self._logits(query, load, mem, prev_oh, inflow, self.gload[None], self.gmem[None]))
             logits += noise_scale * self._noise_std(logits, [0, 2]) * noise
             logits = tf.where(self.allowed[None], logits, _NEG)
             return tf.nn.log_softmax(logits)

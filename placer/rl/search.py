@@ -189,7 +189,6 @@ class Search:
         self.zero_shot: dict = {}      # a pretrained policy's zero-shot batch (samples, fits, best_s, wall_s)
         self.imitated = ""             # the baseline the policy was warm-started on ("" = not yet, "-" = skipped)
         self.start_groups: np.ndarray | None = None   # group→device the policy was warm-started on
-        self.hint_groups: np.ndarray | None = None    # the best grouped baseline: a portable policy's "hint" input
         self.elite_groups: np.ndarray | None = None   # best sample of the current run (since the last restart)
         self.elite_time = float("inf")
         self.since_elite = 0           # updates since the current run's best improved
@@ -216,12 +215,6 @@ class Search:
                 weights = self.pretrained if self.pretrained is not None else PortableWeights(
                     cfg.hidden_size, cfg.attn_size, cfg.forget_bias, seed=cfg.seed)
                 inputs = self.policy_inputs() if callable(self.policy_inputs) else self.policy_inputs
-                if self.hint_groups is not None:
-                    import dataclasses
-
-                    from placer.rl.portable import hint_from_groups
-
-                    inputs = dataclasses.replace(inputs, hint=hint_from_groups(self.hint_groups, len(self.devices)))
                 policy = PortablePolicy.from_config(weights, inputs, self.allowed, cfg)
             self._agent = Reinforce(np.asarray(self.grouping.features, np.float32), self.allowed, self.config,
                                     policy=policy)
@@ -271,7 +264,6 @@ class Search:
             "evaluations": self.evaluations, "updates": self.updates, "wall_s": self.wall_s(),
             "since_improvement": self.since_improvement, "failure_step_time": _json_num(self.failure_step_time),
             "imitated": self.imitated, "start_groups": arr("start_groups", self.start_groups),
-            "hint_groups": arr("hint_groups", self.hint_groups),
             "elite_groups": arr("elite_groups", self.elite_groups), "elite_time": _json_num(self.elite_time),
             "since_elite": self.since_elite, "restarts": self.restarts, "allowed": arr("allowed", self.allowed),
             "config": self.config.to_dict(), "oom_seen": [list(x) for x in self._oom_seen[-64:]],
@@ -328,7 +320,6 @@ class Search:
         self.config = ReinforceConfig(**state["config"])
         self.allowed = np.asarray(arr(state["allowed"]), bool)
         self._agent = None
-        self.hint_groups = arr(state.get("hint_groups"))     # before the agent is built: the policy reads it
         if state["agent"] is not None:
             a = state["agent"]
             rng = a.get("imitation_rng")
@@ -454,14 +445,14 @@ class Search:
                 self.failure_step_time = self.config.failure_factor * ref
         self.baselines_done = True
 
-    def _grouped(self):
-        """The working baselines at group level (majority device per group, CPU-only groups on the CPU),
-        evaluated in one batch (counted). Sets `grouped_times` and, when one fits, `hint_groups` (the best).
-        Returns (names, targets, outcomes, index of the best charged) or None when no baseline works."""
+    def _warm_start(self) -> None:
+        """Imitate a baseline before learning. The policy places groups, so each working baseline is first
+        turned into its group-level version (majority device per group, CPU-only groups on the CPU), those
+        are evaluated in one batch, and the best that fits in memory is imitated (none fits: cold start)."""
         names, targets = grouped_baselines(self.baseline_placements, self.baselines, self.grouping.op_group,
                                            self.grouping.num_groups, self.allowed)
         if not names:
-            return None
+            return
         placements = [self.grouping.expand(t, self.cpu_index) for t in targets]
         outcomes = self.evaluator.evaluate(placements)
         self.evaluations += len(placements)
@@ -471,18 +462,6 @@ class Search:
         for n, p, o in zip(names, placements, outcomes):
             if o.ok:
                 self._consider(p, o.step_time, f"{n} (grouped)")
-        if outcomes[k].ok and self._agent is None:
-            self.hint_groups = np.asarray(targets[k]).copy()
-        return names, targets, outcomes, k
-
-    def _warm_start(self) -> None:
-        """Imitate a baseline before learning. The policy places groups, so each working baseline is first
-        turned into its group-level version (`_grouped`), and the best that fits in memory is imitated (none
-        fits: cold start)."""
-        got = self._grouped()
-        if got is None:
-            return
-        names, targets, outcomes, k = got
         best_op_level = min(t for t in self.baselines.values() if t is not None)
         tol = self.config.warm_start_tolerance
         if not outcomes[k].ok or (tol is not None and outcomes[k].step_time > (1.0 + tol) * best_op_level):
@@ -656,8 +635,6 @@ class Search:
             self.save_checkpoint()
         one_choice = int(self.allowed.sum(axis=1).max()) <= 1     # one allowed device per group
         if self.updates == 0 and not self.imitated and self.pretrained is not None:
-            if self.best_placement is not None and not one_choice and not self.grouped_times:
-                self._grouped()              # the portable policy reads the best grouped baseline (its hint)
             self._zero_shot()                # the pretrained policy is the start: no baseline imitation
         if self.updates == 0 and not self.imitated and self.config.imitation_steps > 0 \
                 and self.best_placement is not None and not one_choice:
