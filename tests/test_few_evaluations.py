@@ -36,3 +36,54 @@ def test_measured_search_samples_few_per_update(tmp_path):
     assert cfg["num_samples"] == FEW_EVALUATIONS["num_samples"] and cfg["elite_steps"] == FEW_EVALUATIONS["elite_steps"]
     rows = [r for r in res.history if "update" in r]
     assert len(rows) == 2 and rows[1]["evaluations"] - rows[0]["evaluations"] == FEW_EVALUATIONS["num_samples"]
+
+
+def test_measured_baselines_take_interleaved_rounds_and_copies_share_one_time():
+    """With baseline_rounds 2 (measured rewards) each distinct baseline placement is evaluated once per round,
+    the rounds in opposite orders, and gets the median of all its runs; baselines that give the same placement
+    (on a 2-task cluster single_gpu and single_cpu both mean task 0) share that one time instead of two noisy
+    ones. A failure in either round is kept."""
+    import numpy as np
+
+    from placer.rl.search import Search
+    from placer.sim.evaluator import Outcome
+
+    class Toy:                                   # 4 groups = 4 ops, 2 devices
+        num_groups = 4
+        op_group = np.arange(4)
+        cpu_only = np.zeros(4, bool)
+        features = np.zeros((4, 3), np.float32)
+        adjacency = np.zeros((4, 4), np.float32)
+
+        def expand(self, a, cpu_index=None):
+            return np.asarray(a)
+
+    class Noisy:                                 # each evaluation: runs that depend on the call, not the placement
+        devices = ["/task:0", "/task:1"]
+
+        def __init__(self):
+            self.calls = []
+
+        def evaluate(self, placements):
+            self.calls.append([tuple(int(x) for x in p) for p in placements])
+            k = len(self.calls)
+            return [Outcome(float("inf"), failed=True, reason="boom") if p.tolist() == [1, 1, 1, 1] and k == 2
+                    else Outcome(1.0 + 0.1 * k + 0.01 * i, runs=(1.0 + 0.1 * k + 0.01 * i,) * 3)
+                    for i, p in enumerate(placements)]
+
+    zero, split, bad = np.zeros(4, int), np.array([0, 1, 0, 1]), np.ones(4, int)
+    ev = Noisy()
+    s = Search(Toy(), ev, baselines={"single_gpu": zero, "split": split, "single_cpu": zero.copy(), "bad": bad},
+               config=ReinforceConfig(baseline_rounds=2), progress=False, tensorboard=False)
+    s._evaluate_baselines()
+    assert ev.calls == [[(0, 0, 0, 0), (0, 1, 0, 1), (1, 1, 1, 1)], [(1, 1, 1, 1), (0, 1, 0, 1), (0, 0, 0, 0)]]
+    assert s.evaluations == 6
+    assert s.baselines["single_gpu"] == s.baselines["single_cpu"] == np.median([1.1] * 3 + [1.22] * 3)
+    assert s.baselines["split"] == np.median([1.11] * 3 + [1.21] * 3)
+    assert s.baselines["bad"] is None and s.baseline_failures["bad"] == "boom"
+    # one round (simulated rewards, the default): one batch over every name, as before
+    ev1 = Noisy()
+    s1 = Search(Toy(), ev1, baselines={"single_gpu": zero, "single_cpu": zero.copy()}, progress=False,
+                tensorboard=False)
+    s1._evaluate_baselines()
+    assert len(ev1.calls) == 1 and len(ev1.calls[0]) == 2 and s1.evaluations == 2

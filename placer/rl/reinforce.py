@@ -65,6 +65,10 @@ class ReinforceConfig:
     normalize_advantage: bool = True  # CleanRL ppo.py norm_adv=True
     advantage_std_floor: float = 0.01  # advantages divided by at least this fraction of |baseline| (toy task)
     failure_factor: float = 10.0     # failed step time = this × the single-device time (controller: 100 s)
+    # rounds of baseline evaluation; above 1 (measured rewards), each distinct baseline placement is evaluated
+    # once per round, rounds interleaved, and its time is the median of all its runs: copies of one placement
+    # measured once each differed by 8-27% on this VM (RESULTS.md, "Measured on a real 2-task cluster")
+    baseline_rounds: int = 1
     # --- warm start (not in the papers; off with imitation_steps=0) ---
     imitation_steps: int = 300       # fit the best grouped baseline before REINFORCE, at most this many Adam steps
     warm_start_tolerance: float | None = None  # imitate only within this fraction of the best baseline (None: if it fits)
@@ -99,7 +103,7 @@ class ReinforceConfig:
 # a faster learning rate, and an elite step that re-centres the policy on each new best. At 1,000 evaluations
 # (simulated, 4xK80, 3 seeds; RESULTS.md "Policy against annealing at equal evaluations", bench_anneal.py
 # --policy-config): nmt4 0.453 s against 0.525 s with the defaults, inception_v3 0.398 s against 0.434 s.
-FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3}
+FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "baseline_rounds": 2}
 
 
 def reward_of(step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:

@@ -429,9 +429,12 @@ class Search:
 
     def _evaluate_baselines(self) -> None:
         names = list(self.baseline_placements)
-        if names:
+        if names and self.config.baseline_rounds > 1:
+            outcomes = self._baseline_rounds(names)
+        elif names:
             outcomes = self.evaluator.evaluate([self.baseline_placements[n] for n in names])
             self.evaluations += len(names)
+        if names:
             self._note_oom(outcomes)
             for n, o in zip(names, outcomes):
                 self.baselines[n] = None if o.failed or not np.isfinite(o.step_time) else float(o.step_time)
@@ -444,6 +447,33 @@ class Search:
             if ref is not None:
                 self.failure_step_time = self.config.failure_factor * ref
         self.baselines_done = True
+
+    def _baseline_rounds(self, names: list[str]) -> list:
+        """`config.baseline_rounds` interleaved rounds over the distinct baseline placements (a placement that
+        several baselines give is evaluated once per round and shared); each gets the median of all its runs."""
+        from dataclasses import replace
+
+        first: dict[str, str] = {}
+        for n in names:
+            first[n] = next(m for m in names if np.array_equal(self.baseline_placements[m],
+                                                              self.baseline_placements[n]))
+        uniq = [n for n in names if first[n] == n]
+        runs: dict[str, list[float]] = {n: [] for n in uniq}
+        last: dict[str, object] = {}
+        for r in range(self.config.baseline_rounds):
+            order = uniq if r % 2 == 0 else uniq[::-1]
+            outs = self.evaluator.evaluate([self.baseline_placements[n] for n in order])
+            self.evaluations += len(order)
+            for n, o in zip(order, outs):
+                if n not in last or last[n].ok:
+                    last[n] = o                       # a failure anywhere is kept as the outcome
+                if o.ok:
+                    runs[n].extend(o.runs or (o.step_time,))
+        out = {}
+        for n in uniq:
+            o = last[n]
+            out[n] = replace(o, step_time=float(np.median(runs[n])), runs=tuple(runs[n])) if o.ok and runs[n] else o
+        return [out[first[n]] for n in names]
 
     def _warm_start(self) -> None:
         """Imitate a baseline before learning. The policy places groups, so each working baseline is first
