@@ -81,6 +81,14 @@ def test_measured_baselines_take_interleaved_rounds_and_copies_share_one_time():
     assert s.baselines["single_gpu"] == s.baselines["single_cpu"] == np.median([1.1] * 3 + [1.22] * 3)
     assert s.baselines["split"] == np.median([1.11] * 3 + [1.21] * 3)
     assert s.baselines["bad"] is None and s.baseline_failures["bad"] == "boom"
+    # a placement that failed in the first round is not evaluated again
+    ev2 = Noisy()
+    s2 = Search(Toy(), ev2, baselines={"split": split, "bad": bad}, config=ReinforceConfig(baseline_rounds=3),
+                progress=False, tensorboard=False)
+    ev2.calls.append([])                         # the fake fails `bad` on its second call: make that round 1
+    s2._evaluate_baselines()
+    assert ev2.calls[1:] == [[(0, 1, 0, 1), (1, 1, 1, 1)], [(0, 1, 0, 1)], [(0, 1, 0, 1)]]
+    assert s2.evaluations == 4 and s2.baselines["bad"] is None and s2.baselines["split"] is not None
     # one round (simulated rewards, the default): one batch over every name, as before
     ev1 = Noisy()
     s1 = Search(Toy(), ev1, baselines={"single_gpu": zero, "single_cpu": zero.copy()}, progress=False,

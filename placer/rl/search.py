@@ -429,12 +429,12 @@ class Search:
 
     def _evaluate_baselines(self) -> None:
         names = list(self.baseline_placements)
-        if names and self.config.baseline_rounds > 1:
-            outcomes = self._baseline_rounds(names)
-        elif names:
-            outcomes = self.evaluator.evaluate([self.baseline_placements[n] for n in names])
-            self.evaluations += len(names)
         if names:
+            if self.config.baseline_rounds > 1:
+                outcomes = self._baseline_rounds(names)
+            else:
+                outcomes = self.evaluator.evaluate([self.baseline_placements[n] for n in names])
+                self.evaluations += len(names)
             self._note_oom(outcomes)
             for n, o in zip(names, outcomes):
                 self.baselines[n] = None if o.failed or not np.isfinite(o.step_time) else float(o.step_time)
@@ -450,7 +450,8 @@ class Search:
 
     def _baseline_rounds(self, names: list[str]) -> list:
         """`config.baseline_rounds` interleaved rounds over the distinct baseline placements (a placement that
-        several baselines give is evaluated once per round and shared); each gets the median of all its runs."""
+        several baselines give is evaluated once per round and shared); each gets the median of all its runs.
+        A placement that failed is not evaluated again (a hang would cost its timeout once more)."""
         from dataclasses import replace
 
         first: dict[str, str] = {}
@@ -461,12 +462,11 @@ class Search:
         runs: dict[str, list[float]] = {n: [] for n in uniq}
         last: dict[str, object] = {}
         for r in range(self.config.baseline_rounds):
-            order = uniq if r % 2 == 0 else uniq[::-1]
+            order = [n for n in (uniq if r % 2 == 0 else uniq[::-1]) if n not in last or last[n].ok]
             outs = self.evaluator.evaluate([self.baseline_placements[n] for n in order])
             self.evaluations += len(order)
             for n, o in zip(order, outs):
-                if n not in last or last[n].ok:
-                    last[n] = o                       # a failure anywhere is kept as the outcome
+                last[n] = o
                 if o.ok:
                     runs[n].extend(o.runs or (o.step_time,))
         out = {}
