@@ -10,7 +10,8 @@
 
 One problem (`placer.problem.build_problem`, simulated), then:
   * the policy's search (`placer.search.search`, default `ReinforceConfig` or --policy-config's overrides, seeds
-    --seed.. for --policy-seeds runs) until it has used the largest count of --evals evaluations; its best within
+    --seed.. for --policy-seeds runs) until it has used the largest count of --evals evaluations
+    (`max_evaluations`); its best within
     N evaluations is read from its history (`placer.bench.policy_curve`);
   * the annealer (`placer.baselines.anneal`, default config) run once per N with N evaluations as its budget
     (its temperature schedule cools over the budget it is given), for --anneal-seeds seeds (seed --seed first).
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -67,7 +67,7 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
             cfg = ReinforceConfig(**{**over, "seed": ps})
             t0 = time.perf_counter()
             r = search(problem, budget_seconds=policy_budget, seed=ps, config=cfg, remeasure=False,
-                       max_updates=math.ceil(max(evals) / cfg.num_samples),
+                       max_evaluations=max(evals),
                        policy=load_policy(policy) if policy else None)
             runs_p.append((r, policy_curve(r, len(problem.baselines)), time.perf_counter() - t0))
         res, curve, policy_wall = runs_p[0]
@@ -87,7 +87,8 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
                "policy_s": pvals[0], "anneal_s": vals[0],
                "policy_s_seeds": pvals, "policy_mean_s": statistics.mean(pok) if pok else None,
                "policy_seeds": [seed + i for i in range(len(runs_p))], "policy_config": over,
-               "pretrained": policy,
+               "pretrained": policy, "reuse_evaluations": cfg.reuse_evaluations,
+               "policy_drawn": sum(int(h.get("drawn", 0)) for h in res.history),
                "anneal_s_seeds": vals, "anneal_mean_s": statistics.mean(ok) if ok else None,
                "start": runs[0].start, "start_s": runs[0].start_s, "start_evaluations": curve[0]["evaluations"],
                "best_baseline": bname, "best_baseline_s": bval, "lower_bound_s": res.lower_bound,

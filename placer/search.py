@@ -182,13 +182,15 @@ def versions() -> dict[str, str]:
 def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", budget_seconds: float = 300,
            seed: int | None = None, config=None, out_dir=None, progress: bool = False,
            max_updates: int | None = None, patience: int | None = None, resume: bool = False,
-           remeasure: bool = True, model_name: str | None = None, policy=None) -> SearchResult:
+           remeasure: bool = True, model_name: str | None = None, policy=None,
+           max_evaluations: int | None = None) -> SearchResult:
     """Search a placement for `problem`. `evaluator` scores placements (default: the problem's simulator; a
     runtime evaluator for measured rewards, whose devices must be the problem's). `reward` labels the summary
     ("sim" or "measure"). Writes the files of CLI.md into `out_dir` when given; `resume` continues the search
     checkpointed there. `policy`: a pretrained portable policy (`placer pretrain`: a directory, "default" for the
     shipped one, or `PortableWeights`) to start from instead of a baseline's imitation: its zero-shot batch first
-    (`extra["zero_shot"]`), then the search fine-tunes it (`max_updates=0`: the zero-shot answer alone)."""
+    (`extra["zero_shot"]`), then the search fine-tunes it (`max_updates=0`: the zero-shot answer alone).
+    `max_evaluations`: stop once this many placements were evaluated (baselines included)."""
     from dataclasses import replace as dc_replace
 
     from placer.rl.reinforce import ReinforceConfig
@@ -218,7 +220,7 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     if resume and (out is None or not s.load_checkpoint()):
         raise SearchError(f"no checkpoint to resume in {out / 'checkpoint' if out else '(no directory)'}")
     watch = _watched(evaluator, reward, s)
-    res = s.run(budget_seconds, max_updates=max_updates, patience=patience)
+    res = s.run(budget_seconds, max_updates=max_updates, patience=patience, max_evaluations=max_evaluations)
     result = _result(problem, res, t0, out, config=s.config.to_dict(), failure_step_time_s=res.failure_step_time,
                      **({"zero_shot": dict(res.zero_shot)} if res.zero_shot else {}),
                      **({"policy": getattr(weights, "info", {}).get("path", str(policy))} if weights is not None else {}))

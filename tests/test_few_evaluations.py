@@ -34,8 +34,10 @@ def _run_config(tmp_path, reward, config=None):
 def test_measured_search_samples_few_per_update(tmp_path):
     res, cfg = _run_config(tmp_path, "measure")
     assert cfg["num_samples"] == FEW_EVALUATIONS["num_samples"] and cfg["elite_steps"] == FEW_EVALUATIONS["elite_steps"]
+    assert cfg["reuse_evaluations"] is True                  # a measurement is never repeated for the same placement
     rows = [r for r in res.history if "update" in r]
-    assert len(rows) == 2 and rows[1]["evaluations"] - rows[0]["evaluations"] == FEW_EVALUATIONS["num_samples"]
+    assert len(rows) == 2 and 0 < rows[1]["evaluations"] - rows[0]["evaluations"] <= FEW_EVALUATIONS["num_samples"]
+    assert rows[1]["evaluations"] - rows[0]["evaluations"] == rows[1]["new"]
 
 
 def test_measured_baselines_take_interleaved_rounds_and_copies_share_one_time():

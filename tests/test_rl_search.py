@@ -95,8 +95,9 @@ def test_search_beats_baseline_and_reaches_optimum(tmp_path):
     assert res.source == "search" and res.search_best == pytest.approx(1.0)
     np.testing.assert_array_equal(res.placement, ev.target_ops)
     assert (res.placement[gr.op_group == 0] == CPU).all()  # CPU-only group stayed on the CPU
-    assert res.updates == len(res.history) and res.evaluations == 1 + 16 * res.updates
     rows = res.history
+    assert res.updates == len(rows) and res.evaluations == 1 + sum(int(h["new"]) for h in rows)
+    assert all(h["new"] <= 16 for h in rows)
     assert all(rows[i]["best_s"] >= rows[i + 1]["best_s"] for i in range(len(rows) - 1))
     for f in ("curve.png", "checkpoint/state.json"):
         assert (tmp_path / f).exists(), f
@@ -109,7 +110,8 @@ def test_warm_start_imitates_best_baseline():
     s = Search(gr, ev, cpu_index=CPU, baselines={"expert": perfect}, progress=False,
                config=ReinforceConfig(imitation_steps=200, imitation_prob=0.9, **SMALL))
     res = s.run(60, max_updates=1)
-    assert s.imitated == "expert" and res.evaluations == 1 + 1 + 16   # baseline, its group version, 1 update
+    assert s.imitated == "expert" and res.evaluations == 1 + 1 + res.history[0]["new"]   # baseline, its group
+    assert 0 < res.history[0]["new"] <= 16                                            # version, 1 update
     actions, _ = s.agent.sample(32)
     assert (actions == gr.target[None]).mean() > 0.8                  # the policy now samples near the baseline
 
@@ -316,3 +318,54 @@ def test_search_stops_when_most_evaluations_fail_for_one_reason(tmp_path):
     res = run_loop(gr, ev, budget_seconds=120, max_updates=5, cpu_index=CPU, progress=False,
                    config=ReinforceConfig(seed=0, **COLD))
     assert res.updates == 5
+
+
+class RecordingEvaluator(ToyEvaluator):
+    """Keeps every op placement it was asked to evaluate."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.seen: list[bytes] = []
+
+    def evaluate(self, placements):
+        self.seen.extend(np.asarray(p, np.int32).tobytes() for p in placements)
+        return super().evaluate(placements)
+
+
+def test_placements_already_evaluated_are_not_evaluated_again(tmp_path):
+    # ReinforceConfig.reuse_evaluations (the annealer's rule): once the policy concentrates, most of its samples
+    # repeat placements it has evaluated; those are looked up, not evaluated, and the policy draws more
+    gr, ev = _setup(G=8, seed=4)
+    single = gr.expand(np.zeros(gr.num_groups, int), CPU)
+    kw = dict(cpu_index=CPU, baselines={"single_gpu": single}, progress=False)
+    rec = RecordingEvaluator(ev.target_ops)
+    s = Search(gr, rec, config=ReinforceConfig(seed=0, reuse_evaluations=True, **SMALL), out_dir=tmp_path, **kw)
+    res = s.run(120, max_updates=25)
+    after_start = rec.seen[2:]                    # the op-level baseline, its grouped version, then the updates
+    assert len(set(after_start)) == len(after_start) and single.astype(np.int32).tobytes() not in after_start
+    assert res.evaluations == len(rec.seen) == 2 + sum(int(h["new"]) for h in res.history)
+    assert all(h["new"] <= 16 and h["drawn"] >= h["new"] for h in res.history)
+    assert sum(h["drawn"] for h in res.history) > sum(h["new"] for h in res.history)   # repeats were drawn
+    assert len(s.cache) == res.evaluations - 1                           # every group placement evaluated
+    r = Search(gr, rec, config=ReinforceConfig(seed=0, reuse_evaluations=True, **SMALL), out_dir=tmp_path, **kw)
+    assert r.load_checkpoint() and len(r.cache) == len(s.cache)        # the cache survives a resume
+    assert r.cache.get(s.search_best_groups)[0] == pytest.approx(s.search_best)
+    # the same search without the rule evaluates repeats
+    rec_off = RecordingEvaluator(ev.target_ops)
+    off = Search(gr, rec_off, config=ReinforceConfig(seed=0, reuse_evaluations=False, **SMALL), **kw)
+    res_off = off.run(120, max_updates=25)
+    assert res_off.evaluations == 2 + 16 * 25 and len(set(rec_off.seen[2:])) < len(rec_off.seen[2:])
+
+
+def test_evaluation_cache_keeps_only_outcomes_that_would_repeat():
+    from placer.rl.reinforce import EvaluationCache
+
+    c = EvaluationCache()
+    c.put([0, 1], Outcome(step_time=1.5), 1.5)
+    c.put([1, 1], Outcome.failure("oom", oom=True, step_time=2.0), 20.0)
+    c.put([1, 0], Outcome.failure("timed out after 600 s"), 20.0)           # may pass next time: not kept
+    c.put([0, 0], Outcome(step_time=float("inf"), failed=True, oom=True, reason="task down", lost_devices=(1,)), 20.0)
+    assert len(c) == 2 and c.get([0, 1]) == (1.5, False, 1.5) and c.get([1, 1]) == (2.0, True, 20.0)
+    assert c.get([1, 0]) is None and c.get([0, 0]) is None
+    back = EvaluationCache.from_arrays(**c.to_arrays())
+    assert len(back) == 2 and back.get([1, 1]) == (2.0, True, 20.0)

@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--costs", help="cost table file (from `placer profile`)")
     p.add_argument("--budget", type=float, default=300.0, help="search wall-time budget in seconds (default 300)")
     p.add_argument("--max-updates", type=int, help="stop after this many policy updates")
+    p.add_argument("--max-evaluations", type=int,
+                   help="stop after this many placements were evaluated (the baselines count)")
     p.add_argument("--patience", type=int, help="stop after this many updates without improvement")
     p.add_argument("--groups", type=int, help="number of groups (default min(256, 20 x #devices))")
     p.add_argument("--seed", type=int, default=0)

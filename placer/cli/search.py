@@ -19,8 +19,8 @@ from placer.errors import SearchError
 ARGS_FILE = "args.json"
 # args stored for --resume (everything `placer search` reads)
 _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
-                "token_file", "costs", "budget", "max_updates", "patience", "groups", "seed", "out", "no_progress",
-                "json", "remeasure", "warmup", "runs", "timeout", "policy", "split_groups")
+                "token_file", "costs", "budget", "max_updates", "max_evaluations", "patience", "groups", "seed", "out",
+                "no_progress", "json", "remeasure", "warmup", "runs", "timeout", "policy", "split_groups")
 
 
 def _save_args(out: Path, args) -> None:
@@ -50,7 +50,7 @@ def run_search(args) -> int:
     resume = bool(getattr(args, "resume", None))
     if resume:
         # flags without a default given with --resume override the stored ones (e.g. --max-updates 100)
-        override = {k: getattr(args, k, None) for k in ("max_updates", "patience")}
+        override = {k: getattr(args, k, None) for k in ("max_updates", "max_evaluations", "patience")}
         override.update({k: True for k in ("json", "no_progress") if getattr(args, k, False)})
         args = _load_args(Path(args.resume), args)
         for k, v in override.items():
@@ -99,7 +99,8 @@ def run_search(args) -> int:
         search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0),
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,
                resume=resume, remeasure=getattr(args, "remeasure", True) is not False,
-               model_name=args.model or graph.name, policy=getattr(args, "policy", None) or None)
+               model_name=args.model or graph.name, policy=getattr(args, "policy", None) or None,
+               max_evaluations=getattr(args, "max_evaluations", None))
     finally:
         if evaluator is not None:
             evaluator.close()

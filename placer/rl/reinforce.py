@@ -69,6 +69,12 @@ class ReinforceConfig:
     # once per round, rounds interleaved, and its time is the median of all its runs: copies of one placement
     # measured once each differed by 8-27% on this VM (RESULTS.md, "Measured on a real 2-task cluster")
     baseline_rounds: int = 1
+    # placements already evaluated are not evaluated again (the annealer's rule): their outcome is looked up, and
+    # the policy draws more samples, up to `max_draws` × K, until K new ones are in the batch. On in
+    # FEW_EVALUATIONS (an evaluation is a measurement of seconds); off for simulated searches, where a repeat costs
+    # a millisecond and the extra draws cost more (and the 300 s tables were searched without it)
+    reuse_evaluations: bool = False
+    max_draws: int = 4
     # --- warm start (not in the papers; off with imitation_steps=0) ---
     imitation_steps: int = 300       # fit the best grouped baseline before REINFORCE, at most this many Adam steps
     warm_start_tolerance: float | None = None  # imitate only within this fraction of the best baseline (None: if it fits)
@@ -103,7 +109,8 @@ class ReinforceConfig:
 # a faster learning rate, and an elite step that re-centres the policy on each new best. At 1,000 evaluations
 # (simulated, 4xK80, 3 seeds; RESULTS.md "Policy against annealing at equal evaluations", bench_anneal.py
 # --policy-config): nmt4 0.453 s against 0.525 s with the defaults, inception_v3 0.398 s against 0.434 s.
-FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "baseline_rounds": 2}
+FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "baseline_rounds": 2,
+                   "reuse_evaluations": True}
 
 
 def reward_of(step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:
@@ -252,34 +259,136 @@ class Reinforce:
             self._np_rng.bit_generator.state = state["imitation_rng"]
 
 
+class EvaluationCache:
+    """Group placements already evaluated → (step time, failed, charged step time). Only outcomes that would
+    come out the same again are kept: a placement that worked, or that ran out of memory; not an error, a
+    timeout or a lost device (those may pass the next time). Arrays in and out for checkpoints."""
+
+    def __init__(self):
+        self._d: dict[bytes, tuple[float, bool, float]] = {}
+        self._rows: list[np.ndarray] = []
+
+    @staticmethod
+    def key(group_devices) -> bytes:
+        return np.asarray(group_devices, np.int32).tobytes()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def get(self, group_devices) -> tuple[float, bool, float] | None:
+        return self._d.get(self.key(group_devices))
+
+    def put(self, group_devices, outcome, charged: float) -> None:
+        if outcome.failed and (not outcome.oom or outcome.lost_devices):
+            return
+        k = self.key(group_devices)
+        if k not in self._d:
+            self._rows.append(np.asarray(group_devices, np.int32).copy())
+        self._d[k] = (float(outcome.step_time), bool(outcome.failed), float(charged))
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        vals = [self._d[self.key(r)] for r in self._rows]
+        G = self._rows[0].shape[0] if self._rows else 0
+        groups = np.stack(self._rows) if self._rows else np.zeros((0, G), np.int32)
+        if groups.size and groups.max() < 2**15:      # device indices: half the checkpoint's bytes
+            groups = groups.astype(np.int16)
+        return {"groups": groups,
+                "values": np.array(vals, np.float64).reshape(-1, 3)}
+
+    @classmethod
+    def from_arrays(cls, groups: np.ndarray, values: np.ndarray) -> "EvaluationCache":
+        c = cls()
+        for g, (t, f, ch) in zip(np.asarray(groups, np.int32), np.asarray(values, np.float64)):
+            c._rows.append(g.copy())
+            c._d[cls.key(g)] = (float(t), bool(f), float(ch))
+        return c
+
+
 @dataclass
 class UpdateResult:
-    """What one REINFORCE update sampled and learned."""
+    """What one REINFORCE update sampled and learned. With a cache, rows whose placement was evaluated before
+    (or earlier in the batch) carry that outcome's times and were not evaluated again: `evaluated` marks the
+    rows that were, and `outcomes` holds only theirs."""
     group_devices: np.ndarray              # int32[K, G]
     op_placements: list[np.ndarray]        # K op→device arrays
     step_times: np.ndarray                 # float64[K] (inf where no time exists)
     failed: np.ndarray                     # bool[K]
-    outcomes: list                         # list[Outcome]
+    outcomes: list                         # list[Outcome] of the evaluated rows
+    evaluated: np.ndarray = None           # bool[K]: rows evaluated in this update (None: all)
     stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_evaluated(self) -> int:
+        return len(self.failed) if self.evaluated is None else int(np.sum(self.evaluated))
+
+
+def _draw(agent: "Reinforce", cache: EvaluationCache, k: int, max_draws: int) -> tuple[np.ndarray, np.ndarray]:
+    """Samples in batches of K until K placements in them are new (neither in `cache` nor earlier in the
+    draw), at most `max_draws` batches; the rows up to the K-th new one (all rows when fewer were found)."""
+    acts, noises, seen, new = [], [], set(), 0
+    for _ in range(max(1, max_draws)):
+        a, n = agent.sample(k)
+        for i in range(len(a)):
+            key = cache.key(a[i])
+            if key not in seen and cache.get(a[i]) is None:
+                new += 1
+            seen.add(key)
+            if new >= k:
+                acts.append(a[:i + 1])
+                noises.append(n[:i + 1])
+                return np.concatenate(acts), np.concatenate(noises)
+        acts.append(a)
+        noises.append(n)
+    return np.concatenate(acts), np.concatenate(noises)
 
 
 def reinforce_update(agent: Reinforce, grouping, evaluator, cpu_index: int | None,
-                     failure_step_time: float, capacity: np.ndarray | None = None) -> UpdateResult:
-    """Sample K placements → expand to ops → evaluate in one batch → rewards → one policy-gradient step."""
+                     failure_step_time: float, capacity: np.ndarray | None = None,
+                     cache: EvaluationCache | None = None) -> UpdateResult:
+    """Sample K placements → expand to ops → evaluate in one batch → rewards → one policy-gradient step.
+    With a `cache`: keep sampling until K placements not evaluated before are drawn (`_draw`), evaluate only
+    those, look the others up, and learn on every row drawn (REINFORCE on the policy's own samples)."""
     t0 = time.perf_counter()
-    actions, noise = agent.sample()                                              # 1. sample
+    k = agent.config.num_samples
+    if cache is None:
+        actions, noise = agent.sample()                                          # 1. sample
+    else:
+        actions, noise = _draw(agent, cache, k, agent.config.max_draws)
     t1 = time.perf_counter()
     placements = [grouping.expand(a, cpu_index) for a in actions]                # 2. expand
-    outcomes = evaluator.evaluate(placements)                                   # 3. evaluate
+    n = len(actions)
+    step_times, failed = np.zeros(n), np.zeros(n, bool)
+    charged = np.zeros(n)
+    evaluated = np.zeros(n, bool)
+    first: dict[bytes, int] = {}
+    todo = []
+    for i, a in enumerate(actions):
+        hit = cache.get(a) if cache is not None else None
+        key = EvaluationCache.key(a) if cache is not None else i
+        if hit is not None:
+            step_times[i], failed[i], charged[i] = hit
+        elif key in first:
+            pass                                    # a copy of an earlier row: filled in below
+        else:
+            first[key] = i
+            todo.append(i)
+    outcomes = evaluator.evaluate([placements[i] for i in todo]) if todo else []  # 3. evaluate
     t2 = time.perf_counter()
-    step_times = np.array([o.step_time for o in outcomes], np.float64)
-    failed = np.array([o.failed for o in outcomes], bool)
-    charged = charged_step_times(outcomes, failure_step_time, capacity)        # 4. reward = -sqrt(time)
-    rewards = agent.rewards(charged, np.zeros(len(charged), bool), failure_step_time)
+    ch = charged_step_times(outcomes, failure_step_time, capacity) if outcomes else np.zeros(0)
+    for i, o, c in zip(todo, outcomes, ch):
+        step_times[i], failed[i], charged[i], evaluated[i] = o.step_time, o.failed, c, True
+        if cache is not None:
+            cache.put(actions[i], o, c)
+    if cache is not None:
+        for i, a in enumerate(actions):
+            j = first.get(EvaluationCache.key(a))
+            if j is not None and j != i:
+                step_times[i], failed[i], charged[i] = step_times[j], failed[j], charged[j]
+    rewards = agent.rewards(charged, np.zeros(n, bool), failure_step_time)      # 4. reward = -sqrt(time)
     stats = agent.learn(actions, noise, rewards)                                # 5-6. baseline, loss, Adam
     t3 = time.perf_counter()
-    stats.update(sample_s=t1 - t0, evaluate_s=t2 - t1, learn_s=t3 - t2)
-    return UpdateResult(actions, placements, step_times, failed, list(outcomes), stats)
+    stats.update(sample_s=t1 - t0, evaluate_s=t2 - t1, learn_s=t3 - t2, drawn=float(n), evaluated=float(len(todo)))
+    return UpdateResult(actions, placements, step_times, failed, list(outcomes), evaluated, stats)
 
 
 def toy_step_times(actions: np.ndarray, target: Sequence[int], base: float = 1.0, per_miss: float = 0.1) -> np.ndarray:

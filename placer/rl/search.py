@@ -62,7 +62,8 @@ class LoopResult:
     evaluations: int                            # placements evaluated, baselines included
     updates: int                                # policy updates done (across resumes)
     wall_s: float                               # search wall time (across resumes)
-    stop_reason: str                            # "budget", "max_updates", "patience", "one_device", or stop_check's
+    stop_reason: str                            # "budget", "max_updates", "max_evaluations", "patience", "one_device",
+                                                # or stop_check's
     devices: list[str] = field(default_factory=list)
     failure_step_time: float = float("nan")     # the step time charged to failed placements
     search_best_groups: np.ndarray | None = None  # group→device of the best sampled placement
@@ -196,6 +197,10 @@ class Search:
         self._oom_seen: list = []      # (max used/capacity ratio, device index, used, capacity) of OOM outcomes
         self.failure_counts: dict[str, int] = {}   # first line of a non-memory failure's reason → how many
         self.evaluated = 0             # outcomes seen by _note_oom (this run and before a resume)
+        # group placements evaluated so far (ReinforceConfig.reuse_evaluations): not evaluated again
+        from placer.rl.reinforce import EvaluationCache
+
+        self.cache = EvaluationCache() if getattr(self.config, "reuse_evaluations", False) else None
         self._t_start = time.perf_counter()
         self._writer = None
 
@@ -270,6 +275,9 @@ class Search:
             "failure_counts": self.failure_counts, "evaluated": self.evaluated,
             "zero_shot": {k: _json_num(v) for k, v in self.zero_shot.items()},
         }
+        if self.cache is not None:
+            c = self.cache.to_arrays()
+            state["cache"] = {"groups": arr("cache/groups", c["groups"]), "values": arr("cache/values", c["values"])}
         self._saves = getattr(self, "_saves", 0) + 1
         npz = f"arrays-{os.getpid()}-{self._saves}.npz"
         state["arrays"] = npz
@@ -346,6 +354,11 @@ class Search:
         self.failure_counts = {str(k): int(v) for k, v in state.get("failure_counts", {}).items()}
         self.evaluated = int(state.get("evaluated", 0))
         self.zero_shot = {k: _num_json(v) for k, v in state.get("zero_shot", {}).items()}
+        from placer.rl.reinforce import EvaluationCache
+
+        c = state.get("cache")
+        self.cache = None if not self.config.reuse_evaluations else \
+            EvaluationCache.from_arrays(arr(c["groups"]), arr(c["values"])) if c else EvaluationCache()
         self.wall_before = float(state["wall_s"])
         self._t_start = time.perf_counter()
         return True
@@ -488,6 +501,9 @@ class Search:
         self.evaluations += len(placements)
         self.grouped_times = {n: float(o.step_time) if o.ok else None for n, o in zip(names, outcomes)}
         charged = charged_step_times(outcomes, self.failure_step_time or 100.0, self.device_capacity)
+        if self.cache is not None:
+            for t, o, c in zip(targets, outcomes, charged):
+                self.cache.put(t, o, c)
         k = int(np.argmin(charged))
         for n, p, o in zip(names, placements, outcomes):
             if o.ok:
@@ -525,6 +541,10 @@ class Search:
         times = np.array([o.step_time if o.ok else np.inf for o in outcomes], np.float64)
         if self.failure_step_time is None and np.isfinite(times).any():
             self.failure_step_time = self.config.failure_factor * float(times[np.isfinite(times)].max())
+        if self.cache is not None:
+            fail_t = self.failure_step_time if self.failure_step_time is not None else 100.0
+            for a, o, c in zip(acts, outcomes, charged_step_times(outcomes, fail_t, self.device_capacity)):
+                self.cache.put(a, o, c)
         self.imitated = "pretrained"
         self.zero_shot = {"samples": len(placements), "fits": int(np.isfinite(times).sum()),
                           "greedy_s": _json_num(float(times[0])), "wall_s": time.perf_counter() - t0}
@@ -563,7 +583,8 @@ class Search:
                "failed": float((~ok).mean()), "entropy": upd.stats["entropy"],
                "reward_mean": upd.stats["reward_mean"], "baseline": upd.stats["baseline"],
                "sample_s": upd.stats["sample_s"], "evaluate_s": upd.stats["evaluate_s"],
-               "learn_s": upd.stats["learn_s"], "restarts": self.restarts}
+               "learn_s": upd.stats["learn_s"], "restarts": self.restarts,
+               "drawn": float(len(upd.step_times)), "new": float(upd.num_evaluated)}
         self.history.append(row)
         return row
 
@@ -653,8 +674,10 @@ class Search:
             why = f"; {count} failed with: {reason}"
         return SearchError(f"no placement could be evaluated successfully ({tried} tried, all failed{why})")
 
-    def run(self, budget_seconds: float, max_updates: int | None = None, patience: int | None = None) -> LoopResult:
-        """Search until the budget, `max_updates` total updates, or `patience` updates without a new best."""
+    def run(self, budget_seconds: float, max_updates: int | None = None, patience: int | None = None,
+            max_evaluations: int | None = None) -> LoopResult:
+        """Search until the budget, `max_updates` total updates, `max_evaluations` evaluations (the baselines
+        count), or `patience` updates without a new best."""
         if budget_seconds is None or not budget_seconds > 0:
             raise SearchError(f"search budget must be positive, got {budget_seconds} s "
                               "(use max_updates=0 / --max-updates 0 to only evaluate the baselines)")
@@ -687,6 +710,8 @@ class Search:
             while True:
                 if max_updates is not None and self.updates >= max_updates:
                     stop = "max_updates"
+                elif max_evaluations is not None and self.evaluations >= max_evaluations:
+                    stop = "max_evaluations"
                 elif patience is not None and self.since_improvement >= patience:
                     stop = "patience"
                 elif self.wall_s() >= budget_seconds:
@@ -695,13 +720,13 @@ class Search:
                     break
                 fail_t = self.failure_step_time
                 upd = reinforce_update(self.agent, self.grouping, self.evaluator, self.cpu_index,
-                                       fail_t if fail_t is not None else 100.0, self.device_capacity)
+                                       fail_t if fail_t is not None else 100.0, self.device_capacity, self.cache)
                 if self.failure_step_time is None:   # no baselines: reference = worst working sample
                     ok = ~upd.failed & np.isfinite(upd.step_times)
                     if ok.any():
                         self.failure_step_time = self.config.failure_factor * float(upd.step_times[ok].max())
                 self.updates += 1
-                self.evaluations += len(upd.op_placements)
+                self.evaluations += upd.num_evaluated
                 self._note_oom(upd.outcomes)
                 improved = improved_run = False
                 ok = ~upd.failed & np.isfinite(upd.step_times)
