@@ -70,3 +70,14 @@ def test_problem_model_too_big_names_memory():
                        make_device("/CPU:0", "cpu", memory_bytes=2**36)])
     with pytest.raises(SearchError, match=r"needs at least 6\.0 GiB .* hold 2\.0 GiB together \(/GPU:0 1\.0 GiB"):
         build_problem(g, cl, costs=np.ones((2, 3)))
+
+
+def test_search_cli_max_evaluations(tmp_path, capsys):
+    # `--max-evaluations N`: the search stops at the first update that brings the evaluations to N or more
+    out = tmp_path / "run"
+    rc = main(["search", "--model", "nmt", "--size", "tiny", "--cluster", "4xK80", "--max-evaluations", "60",
+               "--budget", "120", "--out", str(out), "--no-progress", "--json"])
+    assert rc == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s["stop_reason"] == "max_evaluations" and 60 <= s["evaluations"] < 60 + 16
+    assert json.loads((out / "args.json").read_text())["max_evaluations"] == 60
