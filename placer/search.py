@@ -248,6 +248,9 @@ def _result(problem: PlacementProblem, res, t0: float, out: Path | None, **extra
         "baseline_errors": {**problem.baseline_errors, **res.baseline_failures},
         "grouped_baselines": dict(res.grouped_baselines),
         "search_wall_s": res.wall_s, "total_wall_s": time.perf_counter() - t0,
+        # the policy's samples that repeated a placement already evaluated, looked up instead (reuse_evaluations)
+        "repeats_looked_up": int(sum(h.get("drawn", 0) - h.get("new", 0) for h in res.history
+                                     if isinstance(h, dict) and "drawn" in h)),
         "out_dir": str(out) if out is not None else None, **extra}
     return SearchResult(placement=problem.placement(res.placement), step_time=float(res.step_time),
                         search_best=float(res.search_best), baselines=baselines, lower_bound=problem.lower_bound,
@@ -354,6 +357,7 @@ def write_outputs(out: Path, problem: PlacementProblem, res, result: SearchResul
         "source": x["source"], "updates": int(x["updates"]), "stop_reason": x["stop_reason"],
         "groups": int(x["groups"]), "devices": cluster.device_names,
         "baseline_errors": x.get("baseline_errors", {}),
+        "repeats_looked_up": int(x.get("repeats_looked_up", 0)),
         "ratio_to_lower_bound": float(result.step_time / result.lower_bound) if result.lower_bound > 0 else None,
     }
     for key in ("measured", "confirmed", "workers_out", "zero_shot", "policy"):

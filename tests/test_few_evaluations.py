@@ -38,6 +38,8 @@ def test_measured_search_samples_few_per_update(tmp_path):
     rows = [r for r in res.history if "update" in r]
     assert len(rows) == 2 and 0 < rows[1]["evaluations"] - rows[0]["evaluations"] <= FEW_EVALUATIONS["num_samples"]
     assert rows[1]["evaluations"] - rows[0]["evaluations"] == rows[1]["new"]
+    summary = json.loads((tmp_path / "measure" / "summary.json").read_text())
+    assert summary["repeats_looked_up"] == res.extra["repeats_looked_up"] == sum(r["drawn"] - r["new"] for r in rows)
 
 
 def test_measured_baselines_take_interleaved_rounds_and_copies_share_one_time():

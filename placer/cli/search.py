@@ -207,7 +207,8 @@ def run_pretrain(args) -> int:
 
 def _print_summary(s: dict, out: Path) -> None:
     ms = lambda x: "   n/a" if x is None else f"{x * 1e3:10.3f} ms"  # noqa: E731
-    print(f"search {s['model']} on {s['cluster']}: {s['updates']} updates, {s['evaluations']} evaluations, "
+    reused = f" ({s['repeats_looked_up']} repeated samples looked up)" if s.get("repeats_looked_up") else ""
+    print(f"search {s['model']} on {s['cluster']}: {s['updates']} updates, {s['evaluations']} evaluations{reused}, "
           f"{s['wall_s']:.0f} s ({s['stop_reason']}), reward {s['reward']}, costs {s['cost_source']}")
     print(f"  returned placement {ms(s['step_time_s'])}   (from {s['source']})")
     print(f"  policy's own best  {ms(s['search_best_s'])}")
