@@ -72,7 +72,7 @@ def _watched(evaluator, reward: str, search_obj) -> "LossWatch | None":
 def _drop_and_replace(problem: PlacementProblem, evaluator, watch: LossWatch, res, result: "SearchResult",
                       t0: float, out: Path | None, budget_seconds: float, seed: int, model_name: str,
                       progress: bool, config, dropped: list | None = None,
-                      max_updates: int | None = None) -> "SearchResult":
+                      max_updates: int | None = None, max_evaluations: int | None = None) -> "SearchResult":
     """A device died during a measured search: write what the search has, then re-place on the survivors
     (`replace`, warm from the policy, measured on the surviving devices) for the rest of the budget. The drop is
     logged and listed in summary.json as "dropped"."""
@@ -93,7 +93,8 @@ def _drop_and_replace(problem: PlacementProblem, evaluator, watch: LossWatch, re
         left = max(1.0, budget_seconds - (time.perf_counter() - t0))
         after = replace(run_dir, names, budget_seconds=left, out_dir=run_dir if out is not None else None,
                         seed=seed, progress=progress, config=config, evaluator=survivors, reward="measure",
-                        dropped=drops, model_name=model_name, max_updates=max_updates)
+                        dropped=drops, model_name=model_name, max_updates=max_updates,
+                        max_evaluations=None if max_evaluations is None else max(0, max_evaluations - res.evaluations))
     finally:
         survivors.close()
     # the whole search, before and after the drop
@@ -226,7 +227,8 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
                      **({"policy": getattr(weights, "info", {}).get("path", str(policy))} if weights is not None else {}))
     if watch is not None and res.stop_reason == "devices_lost":
         return _drop_and_replace(problem, evaluator, watch, res, result, t0, out, budget_seconds, seed,
-                                 model_name or problem.graph.name, progress, config, max_updates=max_updates)
+                                 model_name or problem.graph.name, progress, config, max_updates=max_updates,
+                                 max_evaluations=max_evaluations)
     if reward == "measure":
         confirm_best(problem, evaluator, res, result)
         if getattr(evaluator, "events", None):      # measurement workers that went out (and came back)
@@ -456,7 +458,8 @@ def moved_off(problem: PlacementProblem, old: np.ndarray, keep: list[int]) -> np
 
 def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int | None = None,
             progress: bool = False, config=None, max_updates: int | None = None, evaluator=None,
-            reward: str = "sim", dropped: list | None = None, model_name: str | None = None) -> SearchResult:
+            reward: str = "sim", dropped: list | None = None, model_name: str | None = None,
+            max_evaluations: int | None = None) -> SearchResult:
     """Re-place a finished (or killed) search's graph onto the devices left when `exclude` are lost.
 
     `run`: the search's output directory, or the SearchResult of a `place(..., out_dir=...)`. First, before
@@ -519,7 +522,7 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
             notice = f"the run's policy could not be restored ({why}): searching cold"
             log.warning("re-placement: %s", notice)
         watch = _watched(ev, reward, s) if evaluator is not None else None
-        res = s.run(budget_seconds, max_updates=max_updates)
+        res = s.run(budget_seconds, max_updates=max_updates, max_evaluations=max_evaluations)
         result = _result(problem, res, t0, Path(out_dir) if out_dir is not None else None,
                          excluded=list(exclude), quick_s=quick_s, quick_wall_s=quick_wall, quick_source=quick_source,
                          restored=why is None, notice=notice, **({"dropped": dropped} if dropped else {}))

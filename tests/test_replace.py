@@ -192,3 +192,12 @@ def test_measured_search_records_the_workers_that_went_out(tmp_path):
     s = json.loads((tmp_path / "d" / "summary.json").read_text())
     assert s["workers_out"] == Pool.events and "dropped" not in s
     problem.close()
+
+
+def test_replace_stops_on_max_evaluations(run_dir, tmp_path):
+    # a measured search that loses a device hands its remaining evaluations to the re-placement (_drop_and_replace)
+    from placer.search import replace
+
+    res = replace(run_dir, ["/GPU:2"], budget_seconds=30, max_evaluations=1, out_dir=tmp_path / "r")
+    assert res.extra["stop_reason"] == "max_evaluations" and res.extra["updates"] == 0
+    assert "/GPU:2" not in set(res.placement.mapping.values())
