@@ -47,6 +47,7 @@ def search(model: str, size: str, out: Path, extra: list[str], budget: float, se
 def run_model(model: str, size: str, tasks: Path, workdir: Path, budget: float, sim_budget: float, rounds: int,
               runs: int, seed: int) -> dict:
     from placer.graphs.models import build_model
+    from placer.grouped import first_copies
     from placer.placement import Placement
     from placer.problem import build_problem
     from placer.runtime import make_evaluator
@@ -68,9 +69,7 @@ def run_model(model: str, size: str, tasks: Path, workdir: Path, budget: float, 
     keys = list(cands)
     # the same placement under several names (the learned one is often one task's or a baseline's) is measured
     # once and reported under each: separate copies would differ by noise alone
-    same_as: dict[str, str] = {}
-    for k in keys:
-        same_as[k] = next(j for j in keys if np.array_equal(cands[j], cands[k]))
+    same_as = {k: keys[j] for k, j in zip(keys, first_copies([cands[k] for k in keys]))}
     uniq = [k for k in keys if same_as[k] == k]
     with make_evaluator(graph, str(tasks), warmup=1, runs=runs) as ev:
         got_u = dict(zip(uniq, measure_interleaved(ev, [cands[k] for k in uniq], rounds, runs)))

@@ -70,3 +70,19 @@ def charged_step_times(outcomes, failure_step_time: float, capacity: np.ndarray 
             if o.failed and o.oom and len(o.peak_memory) == len(cap):
                 t[i] = failure_step_time * max(1.0, float((np.asarray(o.peak_memory, np.float64) / cap).max()))
     return t
+
+
+def first_copies(placements: Sequence[np.ndarray]) -> list[int]:
+    """For each placement, the index of the first one equal to it (its own index when it is the first): copies
+    of one placement are evaluated once and share the outcome (baseline rounds, re-measured candidates, the
+    measured table).
+
+    >>> first_copies([np.array([0, 1]), np.array([1, 1]), np.array([0, 1])])
+    [0, 1, 0]
+    """
+    seen: dict[tuple, int] = {}
+    out = []
+    for i, p in enumerate(placements):
+        a = np.asarray(p, np.int64)
+        out.append(seen.setdefault((a.shape, a.tobytes()), i))
+    return out

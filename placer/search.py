@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from placer.errors import PlacerError, SearchError
+from placer.grouped import first_copies
 from placer.placement import Placement, tf_version
 from placer.problem import PlacementProblem
 
@@ -268,11 +269,8 @@ def _candidates(problem: PlacementProblem, res, top: int = REMEASURE_TOP) -> lis
     if ok:
         b = min(ok, key=ok.get)
         cands.append((f"baseline:{b}", problem.baselines[b]))
-    uniq: list[tuple[str, np.ndarray]] = []
-    for name, p in cands:
-        if not any(np.array_equal(p, q) for _, q in uniq):
-            uniq.append((name, p))
-    return uniq[:top]
+    first = first_copies([p for _, p in cands])
+    return [c for i, c in enumerate(cands) if first[i] == i][:top]
 
 
 CONFIRM_ROUNDS = 2

@@ -278,7 +278,10 @@ class EvaluationCache:
         return len(self._d)
 
     def get(self, group_devices) -> tuple[float, bool, float] | None:
-        return self._d.get(self.key(group_devices))
+        return self.lookup(self.key(group_devices))
+
+    def lookup(self, key: bytes) -> tuple[float, bool, float] | None:
+        return self._d.get(key)
 
     def put(self, group_devices, outcome, charged: float) -> None:
         if outcome.failed and (not outcome.oom or outcome.lost_devices):
@@ -332,7 +335,7 @@ def _draw(agent: "Reinforce", cache: EvaluationCache, k: int, max_draws: int) ->
         a, n = agent.sample(k)
         for i in range(len(a)):
             key = cache.key(a[i])
-            if key not in seen and cache.get(a[i]) is None:
+            if key not in seen and cache.lookup(key) is None:
                 new += 1
             seen.add(key)
             if new >= k:
@@ -362,15 +365,16 @@ def reinforce_update(agent: Reinforce, grouping, evaluator, cpu_index: int | Non
     step_times, failed = np.zeros(n), np.zeros(n, bool)
     charged = np.zeros(n)
     evaluated = np.zeros(n, bool)
-    first: dict[bytes, int] = {}
+    first: dict = {}
+    copy_of: dict[int, int] = {}                    # row → the earlier row of the same placement
     todo = []
     for i, a in enumerate(actions):
-        hit = cache.get(a) if cache is not None else None
         key = EvaluationCache.key(a) if cache is not None else i
+        hit = cache.lookup(key) if cache is not None else None
         if hit is not None:
             step_times[i], failed[i], charged[i] = hit
         elif key in first:
-            pass                                    # a copy of an earlier row: filled in below
+            copy_of[i] = first[key]                 # filled in below
         else:
             first[key] = i
             todo.append(i)
@@ -381,15 +385,12 @@ def reinforce_update(agent: Reinforce, grouping, evaluator, cpu_index: int | Non
         step_times[i], failed[i], charged[i], evaluated[i] = o.step_time, o.failed, c, True
         if cache is not None:
             cache.put(actions[i], o, c)
-    if cache is not None:
-        for i, a in enumerate(actions):
-            j = first.get(EvaluationCache.key(a))
-            if j is not None and j != i:
-                step_times[i], failed[i], charged[i] = step_times[j], failed[j], charged[j]
+    for i, j in copy_of.items():
+        step_times[i], failed[i], charged[i] = step_times[j], failed[j], charged[j]
     rewards = agent.rewards(charged, np.zeros(n, bool), failure_step_time)      # 4. reward = -sqrt(time)
     stats = agent.learn(actions, noise, rewards)                                # 5-6. baseline, loss, Adam
     t3 = time.perf_counter()
-    stats.update(sample_s=t1 - t0, evaluate_s=t2 - t1, learn_s=t3 - t2, drawn=float(n), evaluated=float(len(todo)))
+    stats.update(sample_s=t1 - t0, evaluate_s=t2 - t1, learn_s=t3 - t2)
     return UpdateResult(actions, placements, step_times, failed, list(outcomes), evaluated, stats)
 
 

@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placer.errors import SearchError, fmt_bytes
-from placer.grouped import charged_step_times, failure_reference, grouped_baselines
+from placer.grouped import charged_step_times, failure_reference, first_copies, grouped_baselines
 
 log = logging.getLogger(__name__)
 
@@ -467,10 +467,7 @@ class Search:
         A placement that failed is not evaluated again (a hang would cost its timeout once more)."""
         from dataclasses import replace
 
-        first: dict[str, str] = {}
-        for n in names:
-            first[n] = next(m for m in names if np.array_equal(self.baseline_placements[m],
-                                                              self.baseline_placements[n]))
+        first = {n: names[j] for n, j in zip(names, first_copies([self.baseline_placements[n] for n in names]))}
         uniq = [n for n in names if first[n] == n]
         runs: dict[str, list[float]] = {n: [] for n in uniq}
         last: dict[str, object] = {}
