@@ -49,7 +49,7 @@ def _emit(rec: dict, name: str = "bench_anneal.jsonl") -> None:
 
 def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal_seeds: int,
         policy_budget: float, policy_config: dict | None = None, policy_seeds: int = 1,
-        policy: str | None = None) -> list[dict]:
+        policy: str | None = None, first_policy_seed: int | None = None) -> list[dict]:
     from placer.baselines.anneal import AnnealConfig, anneal
     from placer.bench import best_baseline, best_within, policy_curve
     from placer.graphs.models import build_model
@@ -63,7 +63,8 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
     try:
         over = dict(policy_config or {})
         runs_p = []
-        for ps in range(seed, seed + max(1, policy_seeds)):
+        p0 = seed if first_policy_seed is None else first_policy_seed
+        for ps in range(p0, p0 + max(1, policy_seeds)):
             cfg = ReinforceConfig(**{**over, "seed": ps})
             t0 = time.perf_counter()
             r = search(problem, budget_seconds=policy_budget, seed=ps, config=cfg, remeasure=False,
@@ -86,7 +87,7 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
         rec = {"bench": "anneal_vs_policy", "model": model, "cluster": cluster, "size": size, "evaluations": n,
                "policy_s": pvals[0], "anneal_s": vals[0],
                "policy_s_seeds": pvals, "policy_mean_s": statistics.mean(pok) if pok else None,
-               "policy_seeds": [seed + i for i in range(len(runs_p))], "policy_config": over,
+               "policy_seeds": [p0 + i for i in range(len(runs_p))], "policy_config": over,
                "pretrained": policy, "reuse_evaluations": cfg.reuse_evaluations,
                "policy_drawn": sum(int(h.get("drawn", 0)) for h in res.history),
                "anneal_s_seeds": vals, "anneal_mean_s": statistics.mean(ok) if ok else None,
@@ -94,7 +95,7 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
                "best_baseline": bname, "best_baseline_s": bval, "lower_bound_s": res.lower_bound,
                "policy_wall_s_at_n": reached[-1]["wall_s"] if reached else None,
                "anneal_wall_s": statistics.mean(r.wall_s for r in runs),
-               "policy_evaluations": res.evaluations, "policy_wall_s": policy_wall, "policy_seed": seed,
+               "policy_evaluations": res.evaluations, "policy_wall_s": policy_wall, "policy_seed": p0,
                "anneal_seeds": [seed + i for i in range(anneal_seeds)], "problem_build_s": build_s,
                "anneal_config": AnnealConfig().to_dict(), "simulated": True}
         _emit(rec)
@@ -138,6 +139,9 @@ def main(argv=None) -> int:
     ap.add_argument("--policy-config", metavar="JSON", default="{}",
                     help="ReinforceConfig overrides for the policy's runs (a JSON object)")
     ap.add_argument("--policy-seeds", type=int, default=1, help="policy runs (seeds seed, seed+1...)")
+    ap.add_argument("--first-policy-seed", type=int,
+                    help="the policy runs' first seed (default --seed, which also seeds the problem's baselines): "
+                         "more policy seeds on the same problem")
     ap.add_argument("--tune", metavar="JSON", help="a list of AnnealConfig overrides: run only the annealer")
     ap.add_argument("--policy", help="start the policy's search from a pretrained policy ('default' or a "
                                      "`placer pretrain` directory), as `placer search --policy` does")
@@ -147,7 +151,7 @@ def main(argv=None) -> int:
         tune(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), json.loads(a.tune))
         return 0
     run(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), a.policy_budget,
-        json.loads(a.policy_config), max(1, a.policy_seeds), a.policy)
+        json.loads(a.policy_config), max(1, a.policy_seeds), a.policy, a.first_policy_seed)
     return 0
 
 

@@ -1,6 +1,11 @@
 """How much better than annealing at 1,000 evaluations any method has been in each K80 cell (issue 13).
 
     .venv/bin/python benchmarks/headroom.py            # prints a Markdown table
+    .venv/bin/python benchmarks/headroom.py --policy-config '{"elite_size": 4, ...}'   # + one policy setting
+
+With --policy-config, the table adds the policy runs at 1,000 evaluations whose `policy_config` is exactly that
+object (not pretrained; `reuse_evaluations` is read from the record, false if absent), every policy seed recorded
+(`--first-policy-seed` adds seeds on the same problem), their mean against annealing's 5-seed mean.
 
 Reads only recorded runs (all simulated):
   * annealing at 1,000 evaluations, seeds 0-4: `anneal_s_seeds` of the `anneal_vs_policy` records in
@@ -14,6 +19,7 @@ evaluations, no method can beat that mean by more than x% in the cell (on what i
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -30,7 +36,7 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def table() -> list[dict]:
+def table(policy_config: dict | None = None) -> list[dict]:
     runs = _lines(RESULTS / "bench_anneal.jsonl")
     tune = _lines(RESULTS / "bench_anneal_tune.jsonl")
     bench = json.loads((RESULTS / "results.json").read_text()) if (RESULTS / "results.json").exists() else []
@@ -50,14 +56,32 @@ def table() -> list[dict]:
         found = [v for v in [*ann, *long, *b300, *pol] if v is not None]
         best = min(found)
         mean = statistics.mean(ann)
-        rows.append({"model": model, "gpus": gpus, "anneal_1000_mean_s": mean, "anneal_20000_s": long,
-                     "policy_300s_s": b300[-1] if b300 else None, "best_known_s": best,
-                     "ceiling_pct": 100.0 * (1.0 - best / mean)})
+        row = {"model": model, "gpus": gpus, "anneal_1000_mean_s": mean, "anneal_20000_s": long,
+               "policy_300s_s": b300[-1] if b300 else None, "best_known_s": best,
+               "ceiling_pct": 100.0 * (1.0 - best / mean)}
+        if policy_config is not None:
+            want = {"reuse_evaluations": False, **policy_config}
+            mine = [r for r in cell if not r.get("pretrained") and want == {
+                **r.get("policy_config", {}), "reuse_evaluations": bool(r.get("reuse_evaluations", False))}]
+            by_seed = {}                 # policy seed → its best within 1,000 (the latest record wins)
+            for r in mine:
+                ps = r.get("policy_seeds") or [r.get("policy_seed", 0) + i for i in range(len(r["policy_s_seeds"]))]
+                by_seed.update({p: v for p, v in zip(ps, r["policy_s_seeds"]) if v is not None})
+            if by_seed:
+                seeds = [by_seed[p] for p in sorted(by_seed)]
+                first = next(r for r in reversed(mine) if (r.get("policy_seeds") or [0])[0] == min(by_seed))
+                row.update(policy_s_seeds=seeds, policy_seeds=sorted(by_seed), policy_mean_s=statistics.mean(seeds),
+                           policy_vs_anneal_pct=100.0 * (1.0 - statistics.mean(seeds) / mean),
+                           policy_drawn=first.get("policy_drawn"), policy_wall_s=first.get("policy_wall_s_at_n"))
+        rows.append(row)
     return rows
 
 
-def main() -> int:
-    rows = table()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policy-config", metavar="JSON", help="also compare the policy runs with this policy_config")
+    a = ap.parse_args(argv)
+    rows = table(json.loads(a.policy_config) if a.policy_config else None)
     print("| model | K80s | anneal at 1,000: mean of seeds 0-4 (s) | anneal at 20,000: seeds 0-2 (s) | "
           "policy, 300 s search (s) | best known (s) | ceiling: best known vs anneal's 1,000 mean |")
     print("|---|---:|---:|---|---:|---:|---:|")
@@ -68,6 +92,22 @@ def main() -> int:
               f"{r['best_known_s']:.3f} | {r['ceiling_pct']:.1f}% |")
     n5 = sum(r["ceiling_pct"] >= 5.0 for r in rows)
     print(f"\ncells where a placement >= 5% faster than annealing's 1,000-evaluation mean is known: {n5} of {len(rows)}")
+    if a.policy_config:
+        print(f"\npolicy_config {a.policy_config}, 1,000 evaluations (simulated):\n")
+        print("| model | K80s | anneal: mean of seeds 0-4 (s) | policy seeds | policy: mean (range) (s) | policy vs anneal | "
+              "ceiling | drawn (seed 0) | wall to 1,000 (s, seed 0) |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            if "policy_mean_s" not in r:
+                continue
+            v = r["policy_vs_anneal_pct"]
+            ps = r["policy_seeds"]
+            print(f"| {r['model']} | {r['gpus']} | {r['anneal_1000_mean_s']:.3f} | {ps[0]}-{ps[-1]} | {r['policy_mean_s']:.3f} "
+                  f"({min(r['policy_s_seeds']):.3f}-{max(r['policy_s_seeds']):.3f}) | "
+                  f"{abs(v):.1f}% {'faster' if v >= 0 else 'slower'} | {r['ceiling_pct']:.1f}% | "
+                  f"{r['policy_drawn']:,} | {r['policy_wall_s']:.0f} |")
+        ahead = sum(r.get("policy_vs_anneal_pct", -1) > 0 for r in rows)
+        print(f"\npolicy ahead of annealing's mean in {ahead} of {sum('policy_mean_s' in r for r in rows)} cells")
     return 0
 
 

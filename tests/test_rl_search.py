@@ -369,3 +369,35 @@ def test_evaluation_cache_keeps_only_outcomes_that_would_repeat():
     assert c.get([1, 0]) is None and c.get([0, 0]) is None
     back = EvaluationCache.from_arrays(**c.to_arrays())
     assert len(back) == 2 and back.get([1, 1]) == (2.0, True, 20.0)
+
+
+def test_elite_set_keeps_the_best_distinct_samples_and_the_policy_fits_them_all(tmp_path):
+    # elite_size > 1 (the cross-entropy method's elite set): the elite step fits the run's best few distinct
+    # samples, not only the best one; the set is kept best first, without copies or failures, and is checkpointed
+    gr, ev = _setup(G=8, seed=5)
+    s = Search(gr, ev, cpu_index=CPU, progress=False,
+               config=ReinforceConfig(imitation_steps=0, elite_steps=20, elite_size=3, **SMALL))
+    rows = np.array([[3, 0, 0, 0, 0, 0, 0, 0], [3, 1, 1, 1, 1, 1, 1, 1], [3, 0, 0, 0, 0, 0, 0, 0],
+                     [3, 2, 2, 2, 2, 2, 2, 2], [3, 0, 1, 2, 0, 1, 2, 0]], np.int32)
+    s._update_elite_set(rows, np.array([1.3, 1.1, 1.3, 0.9, 1.2]), np.array([True, True, True, False, True]))
+    assert [t for t, _ in s.elite_set] == [1.1, 1.2, 1.3]           # failed row 3 out, copy of row 0 once
+    np.testing.assert_array_equal(np.stack([g for _, g in s.elite_set]), rows[[1, 4, 0]])
+    s._update_elite_set(rows[3:4], np.array([1.0]), np.array([True]))
+    assert [t for t, _ in s.elite_set] == [1.0, 1.1, 1.2]           # the worst drops out
+    # the set's step raises the probability of every member
+    members = np.stack([g for _, g in s.elite_set])
+    before = s.agent.policy.log_probs(members)[0].numpy()
+    s.agent.imitate_set(members, max_steps=20)
+    after = s.agent.policy.log_probs(members)[0].numpy()
+    assert (after > before).all()
+    # a search keeps it, and a resume restores it
+    cfg = ReinforceConfig(imitation_steps=0, elite_steps=20, elite_size=3, **SMALL)
+    s = Search(gr, ev, cpu_index=CPU, progress=False, out_dir=tmp_path, config=cfg)
+    res = s.run(60, max_updates=4)
+    assert res.updates == 4 and 1 <= len(s.elite_set) <= 3
+    times = [t for t, _ in s.elite_set]
+    assert times == sorted(times) and times[0] == pytest.approx(s.elite_time)
+    r = Search(gr, ev, cpu_index=CPU, progress=False, out_dir=tmp_path, config=cfg)
+    assert r.load_checkpoint()
+    assert [t for t, _ in r.elite_set] == times
+    np.testing.assert_array_equal(np.stack([g for _, g in r.elite_set]), np.stack([g for _, g in s.elite_set]))

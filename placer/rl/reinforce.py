@@ -81,6 +81,7 @@ class ReinforceConfig:
     imitation_prob: float = 0.99     # ...until the per-group probability reaches this (nmt4 150 s row: 0.97 worse)
     # --- elite steps (Post, Gao et al. NeurIPS 2018; cf. self-imitation, Oh et al. ICML 2018) ---
     elite_steps: int = 5             # after every update, ≤ this many Adam steps fitting the best sample so far
+    elite_size: int = 1              # ...fitting the best this many distinct samples of the run (CEM's elite set)
     restart_updates: int = 100       # re-fit the warm start after this many updates without a better sample (Update 4)
     imitation_rows: int = 8          # imitation batch: the placement + 7 copies with perturbed decoder histories
     imitation_perturb: float = 2.0   # ...each with on average this many groups moved (DAgger-style)
@@ -217,6 +218,29 @@ class Reinforce:
         prob, steps = 0.0, 0
         for steps in range(1, max_steps + 1):
             h = tf.constant(self._histories(group_devices, rows), tf.int32)
+            with tf.device(POLICY_DEVICE):
+                prob = float(np.exp(-float(self._imitate_fn(a, h))))
+            if prob >= target_prob:
+                break
+        return {"imitation_steps": steps, "imitation_prob": prob}
+
+    def imitate_set(self, placements: np.ndarray, max_steps: int,
+                    target_prob: float | None = None) -> dict[str, float]:
+        """Maximum-likelihood fit to several group placements at once (the cross-entropy method's elite set,
+        best first): each row of `placements` int[E, G] gets an equal share of the imitation rows (its own
+        perturbed histories as in `imitate`). Stops after `max_steps` or when the first (best) placement's
+        geometric-mean per-group probability reaches `target_prob`."""
+        cfg = self.config
+        placements = np.asarray(placements, np.int32).reshape(-1, self.policy.num_groups)
+        if len(placements) == 1:
+            return self.imitate(placements[0], max_steps=max_steps, target_prob=target_prob)
+        target_prob = cfg.imitation_prob if target_prob is None else target_prob
+        rows = max(1, min(int(cfg.imitation_rows), max(2, int(cfg.imitation_group_rows) // self.policy.num_groups)))
+        per = max(1, -(-rows // len(placements)))
+        a = tf.constant(np.repeat(placements, per, 0), tf.int32)
+        prob, steps = 0.0, 0
+        for steps in range(1, max_steps + 1):
+            h = tf.constant(np.concatenate([self._histories(p, per) for p in placements]), tf.int32)
             with tf.device(POLICY_DEVICE):
                 prob = float(np.exp(-float(self._imitate_fn(a, h))))
             if prob >= target_prob:

@@ -192,6 +192,7 @@ class Search:
         self.start_groups: np.ndarray | None = None   # group→device the policy was warm-started on
         self.elite_groups: np.ndarray | None = None   # best sample of the current run (since the last restart)
         self.elite_time = float("inf")
+        self.elite_set: list[tuple[float, np.ndarray]] = []   # the run's best `elite_size` distinct samples
         self.since_elite = 0           # updates since the current run's best improved
         self.restarts = 0
         self._oom_seen: list = []      # (max used/capacity ratio, device index, used, capacity) of OOM outcomes
@@ -275,6 +276,9 @@ class Search:
             "failure_counts": self.failure_counts, "evaluated": self.evaluated,
             "zero_shot": {k: _json_num(v) for k, v in self.zero_shot.items()},
         }
+        if self.elite_set:
+            state["elite_set"] = {"groups": arr("elite_set/groups", np.stack([g for _, g in self.elite_set])),
+                                  "times": [_json_num(t) for t, _ in self.elite_set]}
         if self.cache is not None:
             c = self.cache.to_arrays()
             state["cache"] = {"groups": arr("cache/groups", c["groups"]), "values": arr("cache/values", c["values"])}
@@ -354,6 +358,9 @@ class Search:
         self.failure_counts = {str(k): int(v) for k, v in state.get("failure_counts", {}).items()}
         self.evaluated = int(state.get("evaluated", 0))
         self.zero_shot = {k: _num_json(v) for k, v in state.get("zero_shot", {}).items()}
+        e = state.get("elite_set")
+        self.elite_set = [] if not e else [(float(_num_json(t)), np.asarray(g, np.int32))
+                                           for t, g in zip(e["times"], arr(e["groups"]))]
         from placer.rl.reinforce import EvaluationCache
 
         c = state.get("cache")
@@ -550,6 +557,8 @@ class Search:
             self.search_best, self.search_best_placement = float(times[j]), placements[j].copy()
             self.search_best_groups = acts[j].copy()
             self.elite_time, self.elite_groups = float(times[j]), acts[j].copy()
+            if self.config.elite_size > 1:
+                self._update_elite_set(acts, times, np.isfinite(times))
             self.start_groups = acts[j].copy()
             self._consider(placements[j], float(times[j]), "pretrained (zero-shot)")
             self.zero_shot["best_s"] = float(times[j])
@@ -563,10 +572,23 @@ class Search:
                              else float("nan"), "failed": float((~np.isfinite(times)).mean()), "zero_shot": 1.0})
         self.save_checkpoint()
 
+    def _update_elite_set(self, group_devices: np.ndarray, step_times: np.ndarray, ok: np.ndarray) -> None:
+        """Merge working samples (`ok` rows of `group_devices` int[K, G], `step_times` float[K]) into the run's
+        `elite_size` best distinct ones, best first."""
+        keys = {g.tobytes() for _, g in self.elite_set}
+        for k in np.flatnonzero(ok):
+            g = np.asarray(group_devices[k], np.int32)
+            if g.tobytes() not in keys:
+                keys.add(g.tobytes())
+                self.elite_set.append((float(step_times[k]), g.copy()))
+        self.elite_set.sort(key=lambda e: e[0])
+        del self.elite_set[self.config.elite_size:]
+
     def _restart(self) -> None:
         """Start the local search again from the warm-start placement (the best found so far is kept)."""
         info = self.agent.imitate(self.start_groups)
         self.elite_groups, self.elite_time, self.since_elite = None, float("inf"), 0
+        self.elite_set = []
         self.restarts += 1
         log.info("restart %d after %d updates without a better sample: re-fitted the start in %d steps",
                  self.restarts, self.config.restart_updates, info["imitation_steps"])
@@ -739,7 +761,13 @@ class Search:
                         self.elite_time, self.elite_groups = t, upd.group_devices[k].copy()
                         improved_run = True
                     self._consider(upd.op_placements[k], t, "search")
-                if self.config.elite_steps > 0 and self.elite_groups is not None:
+                if self.config.elite_size > 1:
+                    self._update_elite_set(upd.group_devices, upd.step_times, ok)
+                if self.config.elite_steps > 0 and self.config.elite_size > 1 and self.elite_set:
+                    # cross-entropy step on the elite set (Post, 2018; Rubinstein's CEM fits the best few)
+                    self.agent.imitate_set(np.stack([g for _, g in self.elite_set]),
+                                           max_steps=self.config.elite_steps)
+                elif self.config.elite_steps > 0 and self.elite_groups is not None:
                     # cross-entropy step on the elite (Post, 2018): keeps the policy centred on the run's best
                     # sample (a few Adam steps after a new best, one when it is already there)
                     self.agent.imitate(self.elite_groups, max_steps=self.config.elite_steps)
