@@ -113,8 +113,8 @@ class ReinforceConfig:
 # placements evaluated before are looked up, not evaluated again: better in 6 of the 8 K80 cells at 1,000
 # evaluations (RESULTS.md "Every K80 cell at 1,000 evaluations"), and no measurement is spent on a repeat. The
 # elite step fits the run's best 4 distinct samples (the cross-entropy method's elite set), not only the best:
-# ahead of annealing in 5 of the 8 cells and behind by at most 1.1%, against 3 and 4.1% with one (RESULTS.md
-# "An elite set"), for ~3x the wall time per update (a set rarely reaches imitation_prob: 50 Adam steps each).
+# ahead of annealing in 5 of the 8 K80 cells and behind by at most 1.6%, against 3 and 2.9% with one (RESULTS.md
+# "An elite set"; about even on the mean), for ~3x the wall per update (a set rarely reaches imitation_prob).
 FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "baseline_rounds": 2,
                    "reuse_evaluations": True, "elite_size": 4}
 
@@ -213,31 +213,18 @@ class Reinforce:
         the geometric-mean per-group probability reaches `target_prob` (or `max_steps`). The decoder also
         reads perturbed histories (`imitation_rows` - 1 copies with a few earlier groups moved), so that after
         one group is sampled elsewhere the policy still places the next groups as in `group_devices`."""
+        return self.imitate_set(np.asarray(group_devices)[None], max_steps=max_steps, target_prob=target_prob)
+
+    def imitate_set(self, placements: np.ndarray, max_steps: int | None = None,
+                    target_prob: float | None = None) -> dict[str, float]:
+        """Maximum-likelihood fit to E group placements at once (E > 1: the cross-entropy method's elite set,
+        best first): each row of `placements` int[E, G] gets an equal share of the imitation rows, its own
+        perturbed histories as in `imitate` (E = 1 is `imitate`). Stops after `max_steps` or when the first
+        placement's geometric-mean per-group probability reaches `target_prob`."""
         cfg = self.config
         max_steps = cfg.imitation_steps if max_steps is None else max_steps
         target_prob = cfg.imitation_prob if target_prob is None else target_prob
-        rows = max(1, min(int(cfg.imitation_rows), max(2, int(cfg.imitation_group_rows) // self.policy.num_groups)))
-        a = tf.constant(np.repeat(np.asarray(group_devices, np.int32)[None], rows, 0), tf.int32)
-        prob, steps = 0.0, 0
-        for steps in range(1, max_steps + 1):
-            h = tf.constant(self._histories(group_devices, rows), tf.int32)
-            with tf.device(POLICY_DEVICE):
-                prob = float(np.exp(-float(self._imitate_fn(a, h))))
-            if prob >= target_prob:
-                break
-        return {"imitation_steps": steps, "imitation_prob": prob}
-
-    def imitate_set(self, placements: np.ndarray, max_steps: int,
-                    target_prob: float | None = None) -> dict[str, float]:
-        """Maximum-likelihood fit to several group placements at once (the cross-entropy method's elite set,
-        best first): each row of `placements` int[E, G] gets an equal share of the imitation rows (its own
-        perturbed histories as in `imitate`). Stops after `max_steps` or when the first (best) placement's
-        geometric-mean per-group probability reaches `target_prob`."""
-        cfg = self.config
         placements = np.asarray(placements, np.int32).reshape(-1, self.policy.num_groups)
-        if len(placements) == 1:
-            return self.imitate(placements[0], max_steps=max_steps, target_prob=target_prob)
-        target_prob = cfg.imitation_prob if target_prob is None else target_prob
         rows = max(1, min(int(cfg.imitation_rows), max(2, int(cfg.imitation_group_rows) // self.policy.num_groups)))
         per = max(1, -(-rows // len(placements)))
         a = tf.constant(np.repeat(placements, per, 0), tf.int32)
@@ -245,7 +232,7 @@ class Reinforce:
         for steps in range(1, max_steps + 1):
             h = tf.constant(np.concatenate([self._histories(p, per) for p in placements]), tf.int32)
             with tf.device(POLICY_DEVICE):
-                prob = float(np.exp(-float(self._imitate_fn(a, h))))
+                prob = float(np.exp(-float(self._imitate_fn(a, h))))   # row 0: the first, unperturbed
             if prob >= target_prob:
                 break
         return {"imitation_steps": steps, "imitation_prob": prob}
