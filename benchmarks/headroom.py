@@ -13,6 +13,8 @@ Reads only recorded runs (all simulated):
   * annealing at 20,000 evaluations, seeds 0-2: the `anneal_tune` records of results/bench_anneal_tune.jsonl with
     default settings, from `bench_anneal.py --model M --cluster C --evals 20000 --anneal-seeds 3 --tune '[{}]'`;
   * the policy's 300 s searches of the K80 table: `search_best_s` in results/results.json;
+  * the 120 s equal-wall cells in results/wall120/*results.json (`placer bench ... --budget 120`, annealing on):
+    the policy's `search_best_s` and annealing's `anneal_s`;
   * every policy run at 1,000 evaluations in results/bench_anneal.jsonl (`policy_s_seeds`).
 "Best known" is the fastest placement any of these found. If it is within x% of annealing's mean at 1,000
 evaluations, no method can beat that mean by more than x% in the cell (on what is known): the ceiling.
@@ -40,6 +42,7 @@ def table(policy_config: dict | None = None) -> list[dict]:
     runs = _lines(RESULTS / "bench_anneal.jsonl")
     tune = _lines(RESULTS / "bench_anneal_tune.jsonl")
     bench = json.loads((RESULTS / "results.json").read_text()) if (RESULTS / "results.json").exists() else []
+    wall = [c for f in sorted((RESULTS / "wall120").glob("*results.json")) for c in json.loads(f.read_text())]
     rows = []
     for model, gpus in CELLS:
         cluster = f"{gpus}xK80"
@@ -51,13 +54,17 @@ def table(policy_config: dict | None = None) -> list[dict]:
         b300 = [r["search_best_s"] for r in bench if r["model"] == model and r["gpus"] == gpus
                 and r["kind"] == "K80" and r.get("search_best_s") is not None]
         pol = [v for r in cell if not r.get("pretrained") for v in r.get("policy_s_seeds", []) if v is not None]
+        w120 = [c for c in wall if c["model"] == model and c["gpus"] == gpus and c["kind"] == "K80"]
+        wall_ann = [c["anneal_s"] for c in w120 if c.get("anneal_s") is not None]
+        wall_pol = [c["search_best_s"] for c in w120 if c.get("search_best_s") is not None]
         if ann is None:
             continue
-        found = [v for v in [*ann, *long, *b300, *pol] if v is not None]
+        found = [v for v in [*ann, *long, *b300, *pol, *wall_ann, *wall_pol] if v is not None]
         best = min(found)
         mean = statistics.mean(ann)
         row = {"model": model, "gpus": gpus, "anneal_1000_mean_s": mean, "anneal_20000_s": long,
                "policy_300s_s": b300[-1] if b300 else None, "best_known_s": best,
+               "anneal_120s_s": wall_ann[-1] if wall_ann else None, "policy_120s_s": wall_pol[-1] if wall_pol else None,
                "ceiling_pct": 100.0 * (1.0 - best / mean)}
         if policy_config is not None:
             want = {"reuse_evaluations": False, **policy_config}
@@ -83,12 +90,14 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     rows = table(json.loads(a.policy_config) if a.policy_config else None)
     print("| model | K80s | anneal at 1,000: mean of seeds 0-4 (s) | anneal at 20,000: seeds 0-2 (s) | "
-          "policy, 300 s search (s) | best known (s) | ceiling: best known vs anneal's 1,000 mean |")
-    print("|---|---:|---:|---|---:|---:|---:|")
+          "policy, 300 s search (s) | anneal, 120 s (s) | policy, 120 s (s) | best known (s) | "
+          "ceiling: best known vs anneal's 1,000 mean |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         long = ", ".join(f"{v:.3f}" for v in r["anneal_20000_s"]) or "n/a"
         p300 = f"{r['policy_300s_s']:.3f}" if r["policy_300s_s"] is not None else "n/a"
-        print(f"| {r['model']} | {r['gpus']} | {r['anneal_1000_mean_s']:.3f} | {long} | {p300} | "
+        a120, p120 = (f"{r[k]:.3f}" if r[k] is not None else "n/a" for k in ("anneal_120s_s", "policy_120s_s"))
+        print(f"| {r['model']} | {r['gpus']} | {r['anneal_1000_mean_s']:.3f} | {long} | {p300} | {a120} | {p120} | "
               f"{r['best_known_s']:.3f} | {r['ceiling_pct']:.1f}% |")
     n5 = sum(r["ceiling_pct"] >= 5.0 for r in rows)
     print(f"\ncells where a placement >= 5% faster than annealing's 1,000-evaluation mean is known: {n5} of {len(rows)}")
