@@ -1,6 +1,7 @@
 """Grouped baselines: the group-level versions of op-level placements, and how failed evaluations are charged.
 Shared by the policy's warm start (`placer.rl.search`) and the annealer (`placer.baselines.anneal`), which both
-start from the best grouped baseline and count its evaluations the same way. Pure numpy, so that rl/ and
+start from the best grouped baseline and count its evaluations the same way, and the local moves both make
+(`neighbours`). Pure numpy, so that rl/ and
 baselines/ may both import it (rl/ imports nothing from baselines/ or sim/; baselines/ nothing from rl/).
 
     >>> import numpy as np
@@ -85,4 +86,60 @@ def first_copies(placements: Sequence[np.ndarray]) -> list[int]:
     for i, p in enumerate(placements):
         a = np.asarray(p, np.int64)
         out.append(seen.setdefault((a.shape, a.tobytes()), i))
+    return out
+
+
+def group_key(groups: np.ndarray) -> bytes:
+    """A hashable key of a group→device array (int16 bytes), for the sets of placements already evaluated."""
+    return np.asarray(groups, np.int16).tobytes()
+
+
+def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k: int, seen: set[bytes], *,
+               block_prob: float = 0.1, block_max: int = 8, movable: np.ndarray | None = None, tries: int = 20,
+               max_depth: int = 4) -> list[np.ndarray]:
+    """Up to `k` distinct neighbours of the group placement `cur` whose `group_key` is not in `seen`: a single
+    movable group (`movable`: default, the groups with more than one allowed device) to another allowed device,
+    or, with probability `block_prob`, a block (a contiguous run of 2..`block_max` groups, in group order, which is
+    topological order) to one device, each group of the run that may use it. When random draws find none (the
+    neighbourhood is used up), neighbours two, three... moves away are drawn instead. A block move may leave `cur`
+    as it is: put `cur`'s key in `seen` to exclude it. The annealer's moves
+    (`placer.baselines.anneal`) and the search's local moves (`placer.rl.search`, `ReinforceConfig.local_moves`).
+
+    >>> allowed = np.ones((4, 2), bool)
+    >>> cur = np.zeros(4, int)
+    >>> nb = neighbours(cur, allowed, np.random.default_rng(0), 3, {group_key(cur)})
+    >>> len(nb), all(allowed[np.arange(4), n].all() and (n != 0).any() for n in nb)
+    (3, True)
+    """
+    allowed = np.asarray(allowed, bool)
+    movable = np.flatnonzero(allowed.sum(axis=1) > 1) if movable is None else movable
+    G = len(cur)
+    out: list[np.ndarray] = []
+    keys: set[bytes] = set()
+    if movable.size == 0:
+        return out
+    for depth in range(1, max_depth + 1):
+        for _ in range(k * tries):
+            if len(out) >= k:
+                return out
+            new = cur.copy()
+            for _ in range(depth):
+                if rng.random() < block_prob and G >= 2:
+                    length = int(rng.integers(2, min(block_max, G) + 1))
+                    i = int(rng.integers(0, G - length + 1))
+                    run = np.arange(i, i + length)
+                    d = int(rng.choice(np.flatnonzero(allowed[run].any(axis=0))))
+                    new[run] = np.where(allowed[run, d], d, new[run])
+                else:
+                    g = int(rng.choice(movable))
+                    choices = np.flatnonzero(allowed[g])
+                    choices = choices[choices != new[g]]
+                    new[g] = int(rng.choice(choices))
+            key = group_key(new)
+            if key in seen or key in keys:
+                continue
+            keys.add(key)
+            out.append(new)
+        if out:
+            break
     return out

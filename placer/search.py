@@ -225,6 +225,7 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     res = s.run(budget_seconds, max_updates=max_updates, patience=patience, max_evaluations=max_evaluations)
     result = _result(problem, res, t0, out, config=s.config.to_dict(), failure_step_time_s=res.failure_step_time,
                      **({"zero_shot": dict(res.zero_shot)} if res.zero_shot else {}),
+                     **({"local_moves": dict(res.local)} if res.local else {}),
                      **({"policy": getattr(weights, "info", {}).get("path", str(policy))} if weights is not None else {}))
     if watch is not None and res.stop_reason == "devices_lost":
         return _drop_and_replace(problem, evaluator, watch, res, result, t0, out, budget_seconds, seed,
@@ -360,7 +361,7 @@ def write_outputs(out: Path, problem: PlacementProblem, res, result: SearchResul
         "repeats_looked_up": int(x.get("repeats_looked_up", 0)),
         "ratio_to_lower_bound": float(result.step_time / result.lower_bound) if result.lower_bound > 0 else None,
     }
-    for key in ("measured", "confirmed", "workers_out", "zero_shot", "policy"):
+    for key in ("measured", "confirmed", "workers_out", "zero_shot", "policy", "local_moves"):
         if key in x:
             summary[key] = x[key]
     summary.update(more or {})

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from placer.errors import PlacementError
-from placer.grouped import charged_step_times, failure_reference, grouped_baselines
+from placer.grouped import charged_step_times, failure_reference, group_key, grouped_baselines, neighbours
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,8 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
         q = min(1.0, p * (cfg.restarts + 1) - seg)
         temp = t0 * (t_fin / t0) ** q if np.isfinite(t0) else float("inf")
 
-        cands = _moves(cur, allowed, movable, rng, cfg, min(cfg.batch, left or cfg.batch), run.seen)
+        cands = neighbours(cur, allowed, rng, min(cfg.batch, left or cfg.batch), run.seen, block_prob=cfg.block_prob,
+                           block_max=cfg.block_max, movable=movable)
         if not cands:
             stop = "no_moves"
             break
@@ -238,7 +239,7 @@ class _Run:
         return costs, outs
 
     def note(self, groups: np.ndarray, charged: float, o) -> None:
-        self.seen.add(_key(groups))
+        self.seen.add(group_key(groups))
         if o.ok and np.isfinite(o.step_time) and o.step_time < self.best_s:
             self.best_s, self.best_c = float(o.step_time), charged
             self.best_groups = np.asarray(groups).copy()
@@ -247,43 +248,6 @@ class _Run:
     def record(self, current: float, temp: float) -> None:
         self.history.append({"evaluations": self.evaluations, "wall_s": time.perf_counter() - self.t_start,
                              "best_s": self.best_s, "current_s": current, "temperature": temp})
-
-
-def _key(groups: np.ndarray) -> bytes:
-    return np.asarray(groups, np.int16).tobytes()
-
-
-def _moves(cur: np.ndarray, allowed: np.ndarray, movable: np.ndarray, rng: np.random.Generator, cfg: AnnealConfig,
-           k: int, seen: set[bytes], tries: int = 20, max_depth: int = 4) -> list[np.ndarray]:
-    """Up to `k` distinct neighbours of `cur` not evaluated before (single-group and block moves). When random
-    draws find none (the neighbourhood is used up), neighbours two, three... moves away are drawn instead."""
-    G = len(cur)
-    out, keys = [], set()
-    for depth in range(1, max_depth + 1):
-        for _ in range(k * tries):
-            if len(out) >= k:
-                return out
-            new = cur.copy()
-            for _ in range(depth):
-                if rng.random() < cfg.block_prob and G >= 2:
-                    length = int(rng.integers(2, min(cfg.block_max, G) + 1))
-                    i = int(rng.integers(0, G - length + 1))
-                    run = np.arange(i, i + length)
-                    d = int(rng.choice(np.flatnonzero(allowed[run].any(axis=0))))
-                    new[run] = np.where(allowed[run, d], d, new[run])
-                else:
-                    g = int(rng.choice(movable))
-                    choices = np.flatnonzero(allowed[g])
-                    choices = choices[choices != new[g]]
-                    new[g] = int(rng.choice(choices))
-            key = _key(new)
-            if key in seen or key in keys:
-                continue
-            keys.add(key)
-            out.append(new)
-        if out:
-            break
-    return out
 
 
 def _accept(delta: np.ndarray, temp: float, rule: str, rng: np.random.Generator) -> int | None:

@@ -83,6 +83,13 @@ class ReinforceConfig:
     elite_steps: int = 5             # after every update, ≤ this many Adam steps fitting the best sample so far
     elite_size: int = 1              # ...fitting the best this many distinct samples of the run (CEM's elite set)
     restart_updates: int = 100       # re-fit the warm start after this many updates without a better sample (Update 4)
+    # --- local moves (expert iteration: Anthony et al. NeurIPS 2017; a policy's samples refined by local search,
+    # as Kool et al. ICLR 2019 do with 2-opt) ---
+    # after every update, up to this many evaluations of neighbours of the run's best sample (the annealer's
+    # moves, `placer.grouped.neighbours`), greedy, in batches of `local_batch`; an improvement becomes the run's
+    # best and the elite step fits it. 0: off
+    local_moves: int = 0
+    local_batch: int = 8
     imitation_rows: int = 8          # imitation batch: the placement + 7 copies with perturbed decoder histories
     imitation_perturb: float = 2.0   # ...each with on average this many groups moved (DAgger-style)
     imitation_group_rows: int = 640  # ...at most this many rows × groups per step (8 rows up to G = 80, 2 at 256)

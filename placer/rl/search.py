@@ -38,7 +38,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placer.errors import SearchError, fmt_bytes
-from placer.grouped import charged_step_times, failure_reference, first_copies, grouped_baselines
+from placer.grouped import (charged_step_times, failure_reference, first_copies, group_key, grouped_baselines,
+                            neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class LoopResult:
     grouped_baselines: dict[str, float | None] = field(default_factory=dict)  # name → its group-level version's
                                                 # step time (None: failed), evaluated for the warm start
     zero_shot: dict = field(default_factory=dict)   # a pretrained policy's first batch (Search._zero_shot)
+    local: dict = field(default_factory=dict)   # local moves (ReinforceConfig.local_moves > 0): evaluations, improvements
 
     def summary(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time, "source": self.source,
@@ -195,6 +197,11 @@ class Search:
         self.elite_set: list[tuple[float, np.ndarray]] = []   # the run's best `elite_size` distinct samples
         self.since_elite = 0           # updates since the current run's best improved
         self.restarts = 0
+        self.local_evaluations = 0     # evaluations spent on local moves (ReinforceConfig.local_moves)
+        self.local_improvements = 0    # local moves that improved the run's best
+        self._local_rng = np.random.default_rng(self.seed + 2)
+        self._local_from = b""         # the group placement the last local moves started from...
+        self._local_seen: set[bytes] = set()   # ...and its neighbours tried since (not checkpointed)
         self._oom_seen: list = []      # (max used/capacity ratio, device index, used, capacity) of OOM outcomes
         self.failure_counts: dict[str, int] = {}   # first line of a non-memory failure's reason → how many
         self.evaluated = 0             # outcomes seen by _note_oom (this run and before a resume)
@@ -272,6 +279,8 @@ class Search:
             "imitated": self.imitated, "start_groups": arr("start_groups", self.start_groups),
             "elite_groups": arr("elite_groups", self.elite_groups), "elite_time": _json_num(self.elite_time),
             "since_elite": self.since_elite, "restarts": self.restarts, "allowed": arr("allowed", self.allowed),
+            "local_evaluations": self.local_evaluations, "local_improvements": self.local_improvements,
+            "local_rng": self._local_rng.bit_generator.state,
             "config": self.config.to_dict(), "oom_seen": [list(x) for x in self._oom_seen[-64:]],
             "failure_counts": self.failure_counts, "evaluated": self.evaluated,
             "zero_shot": {k: _json_num(v) for k, v in self.zero_shot.items()},
@@ -358,6 +367,10 @@ class Search:
         self.failure_counts = {str(k): int(v) for k, v in state.get("failure_counts", {}).items()}
         self.evaluated = int(state.get("evaluated", 0))
         self.zero_shot = {k: _num_json(v) for k, v in state.get("zero_shot", {}).items()}
+        self.local_evaluations = int(state.get("local_evaluations", 0))
+        self.local_improvements = int(state.get("local_improvements", 0))
+        if state.get("local_rng") is not None:
+            self._local_rng.bit_generator.state = state["local_rng"]
         e = state.get("elite_set")
         self.elite_set = [] if not e else [(float(_num_json(t)), np.asarray(g, np.int32))
                                            for t, g in zip(e["times"], arr(e["groups"]))]
@@ -584,6 +597,73 @@ class Search:
         self.elite_set.sort(key=lambda e: e[0])
         del self.elite_set[self.config.elite_size:]
 
+    def _local_moves(self, limit: int | None = None) -> tuple[bool, bool]:
+        """Local moves around the run's best sample (`ReinforceConfig.local_moves`, expert iteration's improvement
+        operator): batches of `local_batch` neighbours of the current point (`placer.grouped.neighbours`, the
+        annealer's moves) are evaluated, and the best of a batch that improves on the point becomes the point;
+        the point is the run's best sample (the elite) when the step starts. An improvement is the run's new best,
+        which the elite step then fits. At most `limit` evaluations (what is left of `max_evaluations`); with the
+        cache, placements evaluated before are looked up. Returns (the search's best improved, the run's best
+        improved)."""
+        cfg = self.config
+        n = cfg.local_moves if limit is None else min(cfg.local_moves, limit)
+        if n <= 0 or self.elite_groups is None or not np.isfinite(self.elite_time):
+            return False, False
+        cur, cur_c = np.asarray(self.elite_groups, np.int32), float(self.elite_time)
+        key = group_key(cur)
+        if key != self._local_from:
+            self._local_from, self._local_seen = key, {key}
+        fail_t = self.failure_step_time if self.failure_step_time is not None else 100.0
+        improved = improved_run = False
+        drawn = 0
+        while drawn < n:
+            cands = neighbours(cur, self.allowed, self._local_rng, min(max(1, cfg.local_batch), n - drawn),
+                               self._local_seen)
+            if not cands:
+                break
+            drawn += len(cands)
+            self._local_seen.update(group_key(g) for g in cands)
+            charged = np.full(len(cands), np.inf)
+            times = np.full(len(cands), np.inf)
+            todo = []
+            for i, g in enumerate(cands):
+                hit = self.cache.get(g) if self.cache is not None else None
+                if hit is None:
+                    todo.append(i)
+                elif not hit[1]:
+                    times[i], charged[i] = hit[0], hit[2]
+            if todo:
+                outs = self.evaluator.evaluate([self.grouping.expand(cands[i], self.cpu_index) for i in todo])
+                self.evaluations += len(todo)
+                self.local_evaluations += len(todo)
+                self._note_oom(outs)
+                ch = charged_step_times(outs, fail_t, self.device_capacity)
+                for i, o, c in zip(todo, outs, ch):
+                    if self.cache is not None:
+                        self.cache.put(cands[i], o, c)
+                    charged[i] = c
+                    if o.ok and np.isfinite(o.step_time):
+                        times[i] = o.step_time
+            ok = np.isfinite(times)
+            if self.config.elite_size > 1:
+                self._update_elite_set(np.stack(cands), times, ok)
+            k = int(np.argmin(charged))
+            if ok[k] and charged[k] < cur_c:
+                cur, cur_c = cands[k], float(charged[k])
+                t = float(times[k])
+                self.local_improvements += 1
+                if t < self.elite_time:
+                    self.elite_time, self.elite_groups = t, cur.copy()
+                    improved_run = True
+                placement = self.grouping.expand(cur, self.cpu_index)
+                if t < self.search_best:
+                    self.search_best, self.search_best_placement, self.search_best_groups = t, placement, cur.copy()
+                    improved = True
+                self._consider(placement, t, "search")
+        if improved_run:
+            self._local_from = group_key(self.elite_groups)
+        return improved, improved_run
+
     def _restart(self) -> None:
         """Start the local search again from the warm-start placement (the best found so far is kept)."""
         info = self.agent.imitate(self.start_groups)
@@ -604,6 +684,8 @@ class Search:
                "sample_s": upd.stats["sample_s"], "evaluate_s": upd.stats["evaluate_s"],
                "learn_s": upd.stats["learn_s"], "restarts": self.restarts,
                "drawn": float(len(upd.step_times)), "new": float(upd.num_evaluated)}
+        if self.config.local_moves > 0:
+            row["local_evaluations"] = float(self.local_evaluations)
         self.history.append(row)
         return row
 
@@ -678,7 +760,9 @@ class Search:
                             failure_step_time=float(self.failure_step_time or float("nan")),
                             search_best_groups=self.search_best_groups,
                             baseline_failures=dict(self.baseline_failures),
-                            grouped_baselines=dict(self.grouped_times), zero_shot=dict(self.zero_shot))
+                            grouped_baselines=dict(self.grouped_times), zero_shot=dict(self.zero_shot),
+                            local={"evaluations": self.local_evaluations, "improvements": self.local_improvements}
+                            if self.config.local_moves > 0 else {})
 
     def _nothing_fits(self) -> SearchError:
         tried = f"{len(self.baselines)} baseline(s) and {self.evaluations - len(self.baselines)} sampled placement(s)"
@@ -763,6 +847,9 @@ class Search:
                     self._consider(upd.op_placements[k], t, "search")
                 if self.config.elite_size > 1:
                     self._update_elite_set(upd.group_devices, upd.step_times, ok)
+                if self.config.local_moves > 0:
+                    li, lr = self._local_moves(None if max_evaluations is None else max_evaluations - self.evaluations)
+                    improved, improved_run = improved or li, improved_run or lr
                 if self.config.elite_steps > 0 and self.config.elite_size > 1 and self.elite_set:
                     # cross-entropy step on the elite set (Post, 2018; Rubinstein's CEM fits the best few)
                     self.agent.imitate_set(np.stack([g for _, g in self.elite_set]),
