@@ -401,3 +401,34 @@ def test_elite_set_keeps_the_best_distinct_samples_and_the_policy_fits_them_all(
     assert r.load_checkpoint()
     assert [t for t, _ in r.elite_set] == times
     np.testing.assert_array_equal(np.stack([g for _, g in r.elite_set]), np.stack([g for _, g in s.elite_set]))
+
+
+def test_local_moves_refine_the_runs_best_and_count_as_evaluations(tmp_path):
+    # ReinforceConfig.local_moves: after every update, greedy batches of single-group and block moves around the
+    # run's best sample; an improvement is the run's best (the elite step fits it), every move is an evaluation
+    gr, ev = _setup(G=8, seed=6)
+    single = gr.expand(np.zeros(gr.num_groups, int), CPU)
+    kw = dict(cpu_index=CPU, baselines={"single_gpu": single}, progress=False)
+    cfg = ReinforceConfig(seed=0, local_moves=64, local_batch=8, **SMALL)
+    rec = RecordingEvaluator(ev.target_ops)
+    s = Search(gr, rec, config=cfg, out_dir=tmp_path, **kw)
+    res = s.run(120, max_updates=4)
+    local = s.local_evaluations
+    assert 0 < local <= 4 * 64 and s.local_improvements > 0
+    assert res.evaluations == len(rec.seen) == 2 + sum(int(h["new"]) for h in res.history) + local
+    assert res.history[-1]["local_evaluations"] == local and res.local == {"evaluations": local,
+                                                                             "improvements": s.local_improvements}
+    ops = np.frombuffer(b"".join(rec.seen), np.int32).reshape(len(rec.seen), -1)
+    assert (ops[:, gr.op_group == 0] == CPU).all()               # the CPU-only group never moved
+    # the toy cost is separable, so greedy single-group moves reach the optimum within these evaluations;
+    # the policy alone, from the same start and seed, does not
+    assert res.search_best == pytest.approx(1.0) and res.source == "search"
+    alone = Search(gr, ToyEvaluator(ev.target_ops), config=ReinforceConfig(seed=0, **SMALL), **kw).run(120, max_updates=4)
+    assert alone.search_best > 1.0
+    # a resume restores the counters and the moves' random state
+    r = Search(gr, rec, config=cfg, out_dir=tmp_path, **kw)
+    assert r.load_checkpoint() and (r.local_evaluations, r.local_improvements) == (local, s.local_improvements)
+    assert r._local_rng.bit_generator.state == s._local_rng.bit_generator.state
+    # max_evaluations bounds the local moves too
+    capped = Search(gr, ToyEvaluator(ev.target_ops), config=cfg, **kw).run(120, max_evaluations=50)
+    assert capped.evaluations == 50 and capped.stop_reason == "max_evaluations"
