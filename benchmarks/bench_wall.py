@@ -1,0 +1,104 @@
+"""The learned search against the annealing reference at equal wall time, over several seeds (issue 13, item 1).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_wall.py --model nmt --cluster 4xK80 --seconds 120 --seeds 3 \
+        --configs '{"default": {}, "local256": {"local_moves": 256}}'
+
+One problem (`placer.problem.build_problem`, simulated, seeded by --seed), then for each seed s in
+--first-seed..: the annealer (`placer.baselines.anneal`, default config, seed s, `budget_seconds` = --seconds) and
+the search (`placer.search.search`, `ReinforceConfig` with each --configs entry's overrides, seed s, the same
+seconds). The methods of one seed run one after the other in a rotated order (seed 0: anneal first; seed 1: the
+first config first...), so that load drift does not favour one method. What each method reports is its own
+best (`search_best`: the policy's samples and its local moves; annealing's best move or start), never the baseline
+floor. Step times are simulated. `placer bench` makes the same comparison once per cell, with the defaults.
+
+Prints and appends one JSON line per (seed, method) to benchmarks/results/bench_wall.jsonl, then a summary line
+per method (mean and range over the seeds, evaluations, and the mean gap to annealing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _emit(rec: dict) -> None:
+    rec = dict(rec, date=time.strftime("%Y-%m-%d %H:%M:%S"), cores=os.cpu_count(),
+               load=os.getloadavg()[0] if hasattr(os, "getloadavg") else None, simulated=True)
+    line = json.dumps(rec)
+    print(line, flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / "bench_wall.jsonl", "a") as f:
+        f.write(line + "\n")
+
+
+def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_seed: int, seeds: int,
+        configs: dict[str, dict], tag: str = "") -> list[dict]:
+    from placer.baselines.anneal import AnnealConfig, anneal
+    from placer.graphs.models import build_model
+    from placer.problem import build_problem
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.search import search
+
+    problem = build_problem(build_model(model, size), cluster, seed=seed)
+    methods = ["anneal"] + list(configs)
+    base = {"bench": "wall", "model": model, "cluster": cluster, "size": size, "seconds": seconds,
+            "problem_seed": seed, "tag": tag}
+    recs: list[dict] = []
+    try:
+        for s in range(first_seed, first_seed + max(1, seeds)):
+            k = (s - first_seed) % len(methods)
+            for m in methods[k:] + methods[:k]:
+                t0 = time.perf_counter()
+                if m == "anneal":
+                    r = anneal(problem, budget_seconds=seconds, seed=s)
+                    rec = dict(base, method=m, seed=s, best_s=r.step_time, evaluations=r.evaluations,
+                               wall_s=time.perf_counter() - t0, config=AnnealConfig().to_dict())
+                else:
+                    cfg = ReinforceConfig(**{**configs[m], "seed": s})
+                    r = search(problem, budget_seconds=seconds, seed=s, config=cfg, remeasure=False)
+                    rec = dict(base, method=m, seed=s, best_s=r.search_best, evaluations=r.evaluations,
+                               updates=r.updates, wall_s=time.perf_counter() - t0, overrides=configs[m],
+                               local_moves=r.extra.get("local_moves"))
+                _emit(rec)
+                recs.append(rec)
+    finally:
+        problem.close()
+    ann = {r["seed"]: r["best_s"] for r in recs if r["method"] == "anneal"}
+    for m in methods:
+        rows = [r for r in recs if r["method"] == m]
+        vals = [r["best_s"] for r in rows]
+        gaps = [r["best_s"] / ann[r["seed"]] - 1 for r in rows if m != "anneal"]
+        print(json.dumps({"summary": m, "model": model, "cluster": cluster, "seconds": seconds,
+                          "seeds": [r["seed"] for r in rows], "mean_s": statistics.mean(vals),
+                          "min_s": min(vals), "max_s": max(vals),
+                          "evaluations_mean": statistics.mean(r["evaluations"] for r in rows),
+                          "mean_gap_to_anneal": statistics.mean(gaps) if gaps else None}), flush=True)
+    return recs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="nmt4")
+    ap.add_argument("--cluster", default="4xK80")
+    ap.add_argument("--size", default="full")
+    ap.add_argument("--seconds", type=float, default=120.0, help="wall seconds per method and seed (default 120)")
+    ap.add_argument("--seed", type=int, default=0, help="the problem's seed (its baselines)")
+    ap.add_argument("--first-seed", type=int, default=0, help="the methods' first seed")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--configs", metavar="JSON", default='{"default": {}}',
+                    help="name → ReinforceConfig overrides, one search per entry and seed (a JSON object)")
+    ap.add_argument("--tag", default="", help="a label copied into every record")
+    a = ap.parse_args(argv)
+    run(a.model, a.cluster, a.size, a.seconds, a.seed, a.first_seed, a.seeds, json.loads(a.configs), a.tag)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
