@@ -64,7 +64,7 @@ def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_se
                     cfg = ReinforceConfig(**{**configs[m], "seed": s})
                     r = search(problem, budget_seconds=seconds, seed=s, config=cfg, remeasure=False)
                     rec = dict(base, method=m, seed=s, best_s=r.search_best, evaluations=r.evaluations,
-                               updates=r.updates, wall_s=time.perf_counter() - t0, overrides=configs[m],
+                               updates=len(r.history), wall_s=time.perf_counter() - t0, overrides=configs[m],
                                local_moves=r.extra.get("local_moves"))
                 _emit(rec)
                 recs.append(rec)

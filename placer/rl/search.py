@@ -6,8 +6,11 @@ best-so-far tracking, checkpoints that survive `kill -9`, a progress bar, Tensor
     result.placement     # op→device int array: the best of the baselines and of every sampled placement
     result.search_best   # the best step time the policy itself sampled (no baseline floor)
 
-Between updates: the elite step (fit the policy to the current run's best sample) and, after
-`ReinforceConfig.restart_updates` updates without a better one, a restart from the warm-start placement.
+Between updates: with `ReinforceConfig.local_moves` > 0, local moves around the run's best sample (the
+annealer's neighbours, greedy; an improvement is the run's new best); the elite step (fit the policy to the
+current run's best sample, or its best `elite_size`) and, after `ReinforceConfig.restart_updates` updates
+without a better one, a restart from the warm-start placement. `result.search_best` counts the local moves'
+placements: they are the search's own, never a baseline's.
 
 Stops on whichever comes first: the wall-time budget (counting time spent before a resume), `max_updates`
 policy updates (counting updates before a resume), or `patience` updates without a new best.
