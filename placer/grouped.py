@@ -15,6 +15,7 @@ baselines/ may both import it (rl/ imports nothing from baselines/ or sim/; base
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -143,3 +144,17 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
         if out:
             break
     return out
+
+
+def accept_move(delta: np.ndarray, temp: float, rule: str, rng: np.random.Generator) -> int | None:
+    """The index of the accepted move of a batch, or None. `delta`: each move's relative change of the charged step
+    time (c_new / c_cur - 1). "greedy" takes the best improving move if any, else tries the worsening ones in random
+    order, the first with u < exp(-delta / temp) taken; "metropolis" tries all in random order (the annealer's
+    rule, `placer.baselines.anneal`, and the search's local moves)."""
+    if rule == "greedy" and (delta < 0).any():
+        return int(np.argmin(delta))
+    for i in rng.permutation(len(delta)):
+        d = float(delta[i])
+        if d <= 0 or (temp > 0 and np.isfinite(d) and rng.random() < math.exp(-d / temp)):
+            return int(i)
+    return None

@@ -404,8 +404,9 @@ def test_elite_set_keeps_the_best_distinct_samples_and_the_policy_fits_them_all(
 
 
 def test_local_moves_refine_the_runs_best_and_count_as_evaluations(tmp_path):
-    # ReinforceConfig.local_moves: after every update, greedy batches of single-group and block moves around the
-    # run's best sample; an improvement is the run's best (the elite step fits it), every move is an evaluation
+    # ReinforceConfig.local_moves: after every update, batches of an annealing chain's moves (single-group and
+    # block moves), the chain jumping to the run's best sample when that is better; an improvement is the run's
+    # best (the elite step fits it), every move is an evaluation
     gr, ev = _setup(G=8, seed=6)
     single = gr.expand(np.zeros(gr.num_groups, int), CPU)
     kw = dict(cpu_index=CPU, baselines={"single_gpu": single}, progress=False)
@@ -420,7 +421,7 @@ def test_local_moves_refine_the_runs_best_and_count_as_evaluations(tmp_path):
                                                                              "improvements": s.local_improvements}
     ops = np.frombuffer(b"".join(rec.seen), np.int32).reshape(len(rec.seen), -1)
     assert (ops[:, gr.op_group == 0] == CPU).all()               # the CPU-only group never moved
-    # the toy cost is separable, so greedy single-group moves reach the optimum within these evaluations;
+    # the toy cost is separable, so single-group moves reach the optimum within these evaluations;
     # the policy alone, from the same start and seed, does not
     assert res.search_best == pytest.approx(1.0) and res.source == "search"
     alone = Search(gr, ToyEvaluator(ev.target_ops), config=ReinforceConfig(seed=0, **SMALL), **kw).run(120, max_updates=4)
@@ -429,6 +430,8 @@ def test_local_moves_refine_the_runs_best_and_count_as_evaluations(tmp_path):
     r = Search(gr, rec, config=cfg, out_dir=tmp_path, **kw)
     assert r.load_checkpoint() and (r.local_evaluations, r.local_improvements) == (local, s.local_improvements)
     assert r._local_rng.bit_generator.state == s._local_rng.bit_generator.state
+    np.testing.assert_array_equal(r._chain, s._chain)
+    assert (r._chain_c, r._chain_t0) == (s._chain_c, s._chain_t0) and np.isfinite(s._chain_t0)
     # max_evaluations bounds the local moves too
     capped = Search(gr, ToyEvaluator(ev.target_ops), config=cfg, **kw).run(120, max_evaluations=50)
     assert capped.evaluations == 50 and capped.stop_reason == "max_evaluations"

@@ -44,7 +44,8 @@ from typing import Any
 import numpy as np
 
 from placer.errors import PlacementError
-from placer.grouped import charged_step_times, failure_reference, group_key, grouped_baselines, neighbours
+from placer.grouped import (accept_move, charged_step_times, failure_reference, group_key, grouped_baselines,
+                            neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
             t0 = max(med / -math.log(cfg.accept0), 1e-12)
             t_fin = min(cfg.t_final, t0)
             temp = t0
-        k = _accept(delta, temp, cfg.rule, rng)
+        k = accept_move(delta, temp, cfg.rule, rng)
         if k is not None:
             cur, cur_c = cands[k], float(costs[k])
             accepted += 1
@@ -248,14 +249,3 @@ class _Run:
     def record(self, current: float, temp: float) -> None:
         self.history.append({"evaluations": self.evaluations, "wall_s": time.perf_counter() - self.t_start,
                              "best_s": self.best_s, "current_s": current, "temperature": temp})
-
-
-def _accept(delta: np.ndarray, temp: float, rule: str, rng: np.random.Generator) -> int | None:
-    """The index of the accepted move of a batch, or None (see the module docstring)."""
-    if rule == "greedy" and (delta < 0).any():
-        return int(np.argmin(delta))
-    for i in rng.permutation(len(delta)):
-        d = float(delta[i])
-        if d <= 0 or (temp > 0 and np.isfinite(d) and rng.random() < math.exp(-d / temp)):
-            return int(i)
-    return None

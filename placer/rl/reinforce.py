@@ -85,11 +85,13 @@ class ReinforceConfig:
     restart_updates: int = 100       # re-fit the warm start after this many updates without a better sample (Update 4)
     # --- local moves (expert iteration: Anthony et al. NeurIPS 2017; a policy's samples refined by local search,
     # as Kool et al. ICLR 2019 do with 2-opt) ---
-    # after every update, up to this many evaluations of neighbours of the run's best sample (the annealer's
-    # moves, `placer.grouped.neighbours`), greedy, in batches of `local_batch`; an improvement becomes the run's
-    # best and the elite step fits it. 0: off
+    # after every update, up to this many evaluations of one annealing chain's moves (the annealer's moves and
+    # rule, `placer.grouped`), in batches of `local_batch`; the chain jumps to the run's best sample when that is
+    # better, and its improvements become the run's best, which the elite step fits (Search._local_moves). 0: off
     local_moves: int = 0
-    local_batch: int = 8
+    local_batch: int = 8             # AnnealConfig.batch
+    local_accept0: float = 0.3       # AnnealConfig.accept0: T0 accepts a median worsening move with this probability
+    local_t_final: float = 1e-4      # AnnealConfig.t_final, reached at the end of the search's budget
     imitation_rows: int = 8          # imitation batch: the placement + 7 copies with perturbed decoder histories
     imitation_perturb: float = 2.0   # ...each with on average this many groups moved (DAgger-style)
     imitation_group_rows: int = 640  # ...at most this many rows × groups per step (8 rows up to G = 80, 2 at 256)

@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -41,14 +42,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placer.errors import SearchError, fmt_bytes
-from placer.grouped import (charged_step_times, failure_reference, first_copies, group_key, grouped_baselines,
-                            neighbours)
+from placer.grouped import (accept_move, charged_step_times, failure_reference, first_copies, group_key,
+                            grouped_baselines, neighbours)
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "state.json"    # scalars, lists, dicts; names the npz that holds the arrays
 CHECKPOINT_FORMAT = 2             # 1 was a pickle (state.pkl): refused with a one-line error
 OLD_CHECKPOINT_FILE = "state.pkl"
+LOCAL_SEEN_MAX = 500_000      # the local moves forget what they evaluated beyond this many placements (memory)
 STOP_AFTER_UPDATES = 3        # updates before a systematic failure may stop the search
 STOP_FAILED_FRACTION = 0.5    # ... when one non-memory reason accounts for this fraction of all evaluations
 
@@ -203,8 +205,11 @@ class Search:
         self.local_evaluations = 0     # evaluations spent on local moves (ReinforceConfig.local_moves)
         self.local_improvements = 0    # local moves that improved the run's best
         self._local_rng = np.random.default_rng(self.seed + 2)
-        self._local_from = b""         # the group placement the last local moves started from...
-        self._local_seen: set[bytes] = set()   # ...and its neighbours tried since (not checkpointed)
+        self._chain: np.ndarray | None = None   # the local moves' annealing chain: its point,
+        self._chain_c = float("inf")   # its charged step time,
+        self._chain_t0 = float("nan")  # and its starting temperature
+        self._local_seen: set[bytes] = set()   # group placements the chain evaluated (not checkpointed)
+        self._budget: tuple[float | None, int | None] = (None, None)   # run()'s budget, for the chain's schedule
         self._oom_seen: list = []      # (max used/capacity ratio, device index, used, capacity) of OOM outcomes
         self.failure_counts: dict[str, int] = {}   # first line of a non-memory failure's reason → how many
         self.evaluated = 0             # outcomes seen by _note_oom (this run and before a resume)
@@ -283,7 +288,8 @@ class Search:
             "elite_groups": arr("elite_groups", self.elite_groups), "elite_time": _json_num(self.elite_time),
             "since_elite": self.since_elite, "restarts": self.restarts, "allowed": arr("allowed", self.allowed),
             "local_evaluations": self.local_evaluations, "local_improvements": self.local_improvements,
-            "local_rng": self._local_rng.bit_generator.state,
+            "local_rng": self._local_rng.bit_generator.state, "local_chain": arr("local_chain", self._chain),
+            "local_chain_c": _json_num(self._chain_c), "local_t0": _json_num(self._chain_t0),
             "config": self.config.to_dict(), "oom_seen": [list(x) for x in self._oom_seen[-64:]],
             "failure_counts": self.failure_counts, "evaluated": self.evaluated,
             "zero_shot": {k: _json_num(v) for k, v in self.zero_shot.items()},
@@ -374,6 +380,10 @@ class Search:
         self.local_improvements = int(state.get("local_improvements", 0))
         if state.get("local_rng") is not None:
             self._local_rng.bit_generator.state = state["local_rng"]
+        ch = state.get("local_chain")
+        self._chain = None if ch is None else np.asarray(arr(ch), np.int32)
+        self._chain_c = float(_num_json(state.get("local_chain_c", float("inf"))))
+        self._chain_t0 = float(_num_json(state.get("local_t0", float("nan"))))
         e = state.get("elite_set")
         self.elite_set = [] if not e else [(float(_num_json(t)), np.asarray(g, np.int32))
                                            for t, g in zip(e["times"], arr(e["groups"]))]
@@ -601,26 +611,30 @@ class Search:
         del self.elite_set[self.config.elite_size:]
 
     def _local_moves(self, limit: int | None = None) -> tuple[bool, bool]:
-        """Local moves around the run's best sample (`ReinforceConfig.local_moves`, expert iteration's improvement
-        operator): batches of `local_batch` neighbours of the current point (`placer.grouped.neighbours`, the
-        annealer's moves) are evaluated, and the best of a batch that improves on the point becomes the point;
-        the point is the run's best sample (the elite) when the step starts. An improvement is the run's new best,
-        which the elite step then fits. At most `limit` evaluations (what is left of `max_evaluations`); with the
-        cache, placements evaluated before are looked up. Returns (the search's best improved, the run's best
-        improved)."""
+        """Local moves (`ReinforceConfig.local_moves`, expert iteration's improvement operator): one annealing
+        chain that lives through the whole search. Each call evaluates up to `local_moves` neighbours of the
+        chain's point (`placer.grouped.neighbours`, the annealer's moves) in batches of `local_batch`, each batch
+        accepted by the annealer's rule (`placer.grouped.accept_move`, "greedy") at a temperature that falls
+        geometrically from T0 (a median worsening move of the first batch accepted with probability
+        `local_accept0`) to `local_t_final` over the search's budget (wall seconds or `max_evaluations`). Whenever
+        the run's best sample (the elite) is better than the chain's point, the chain jumps to it: the policy
+        proposes, the chain refines, and the chain's improvements become the run's best, which the elite step
+        fits. At most `limit` evaluations (what is left of `max_evaluations`); with the cache, placements
+        evaluated before are looked up. Returns (the search's best improved, the run's best improved)."""
         cfg = self.config
         n = cfg.local_moves if limit is None else min(cfg.local_moves, limit)
         if n <= 0 or self.elite_groups is None or not np.isfinite(self.elite_time):
             return False, False
-        cur, cur_c = np.asarray(self.elite_groups, np.int32), float(self.elite_time)
-        key = group_key(cur)
-        if key != self._local_from:
-            self._local_from, self._local_seen = key, {key}
+        if self._chain is None or self.elite_time < self._chain_c:          # the policy found better: jump
+            self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
+            self._local_seen.add(group_key(self._chain))
+        if len(self._local_seen) > LOCAL_SEEN_MAX:
+            self._local_seen = {group_key(self._chain)}
         fail_t = self.failure_step_time if self.failure_step_time is not None else 100.0
         improved = improved_run = False
         drawn = 0
         while drawn < n:
-            cands = neighbours(cur, self.allowed, self._local_rng, min(max(1, cfg.local_batch), n - drawn),
+            cands = neighbours(self._chain, self.allowed, self._local_rng, min(max(1, cfg.local_batch), n - drawn),
                                self._local_seen)
             if not cands:
                 break
@@ -633,8 +647,10 @@ class Search:
                 hit = self.cache.get(g) if self.cache is not None else None
                 if hit is None:
                     todo.append(i)
-                elif not hit[1]:
-                    times[i], charged[i] = hit[0], hit[2]
+                else:
+                    charged[i] = hit[2]
+                    if not hit[1]:
+                        times[i] = hit[0]
             if todo:
                 outs = self.evaluator.evaluate([self.grouping.expand(cands[i], self.cpu_index) for i in todo])
                 self.evaluations += len(todo)
@@ -648,24 +664,39 @@ class Search:
                     if o.ok and np.isfinite(o.step_time):
                         times[i] = o.step_time
             ok = np.isfinite(times)
-            if self.config.elite_size > 1:
+            if cfg.elite_size > 1:
                 self._update_elite_set(np.stack(cands), times, ok)
-            k = int(np.argmin(charged))
-            if ok[k] and charged[k] < cur_c:
-                cur, cur_c = cands[k], float(charged[k])
-                t = float(times[k])
+            b = int(np.argmin(times))
+            if ok[b] and times[b] < self.elite_time:
+                t, g = float(times[b]), np.asarray(cands[b], np.int32)
+                self.elite_time, self.elite_groups = t, g.copy()
+                improved_run = True
                 self.local_improvements += 1
-                if t < self.elite_time:
-                    self.elite_time, self.elite_groups = t, cur.copy()
-                    improved_run = True
-                placement = self.grouping.expand(cur, self.cpu_index)
+                placement = self.grouping.expand(g, self.cpu_index)
                 if t < self.search_best:
-                    self.search_best, self.search_best_placement, self.search_best_groups = t, placement, cur.copy()
+                    self.search_best, self.search_best_placement, self.search_best_groups = t, placement, g.copy()
                     improved = True
                 self._consider(placement, t, "search")
-        if improved_run:
-            self._local_from = group_key(self.elite_groups)
+            delta = charged / max(self._chain_c, 1e-30) - 1.0
+            if not np.isfinite(self._chain_t0):          # T0 from the first batch's worsening moves
+                worse = delta[(delta > 0) & np.isfinite(delta)]
+                med = float(np.median(worse)) if worse.size else 1e-2
+                self._chain_t0 = max(med / -math.log(cfg.local_accept0), 1e-12)
+            t0 = self._chain_t0
+            t_fin = min(cfg.local_t_final, t0)
+            temp = t0 * (t_fin / t0) ** min(1.0, max(0.0, self._progress()))
+            k = accept_move(delta, temp, "greedy", self._local_rng)
+            if k is not None:
+                self._chain, self._chain_c = np.asarray(cands[k], np.int32), float(charged[k])
         return improved, improved_run
+
+    def _progress(self) -> float:
+        """The share of the search's budget used (wall seconds or `max_evaluations`, whichever is further)."""
+        budget_s, max_evals = self._budget
+        p = self.wall_s() / budget_s if budget_s else 0.0
+        if max_evals:
+            p = max(p, self.evaluations / max_evals)
+        return p
 
     def _restart(self) -> None:
         """Start the local search again from the warm-start placement (the best found so far is kept)."""
@@ -789,6 +820,7 @@ class Search:
                               "(use max_updates=0 / --max-updates 0 to only evaluate the baselines)")
         from placer.rl.reinforce import reinforce_update
 
+        self._budget = (float(budget_seconds), max_evaluations)
         if not self.baselines_done:
             self._evaluate_baselines()
             self.save_checkpoint()
