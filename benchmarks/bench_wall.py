@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,8 +29,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _emit(rec: dict) -> None:
-    rec = dict(rec, date=time.strftime("%Y-%m-%d %H:%M:%S"), cores=os.cpu_count(),
+    rec = dict(rec, commit=_commit(), date=time.strftime("%Y-%m-%d %H:%M:%S"), cores=os.cpu_count(),
                load=os.getloadavg()[0] if hasattr(os, "getloadavg") else None, simulated=True)
     line = json.dumps(rec)
     print(line, flush=True)
