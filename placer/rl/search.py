@@ -208,6 +208,7 @@ class Search:
         self._chain: np.ndarray | None = None   # the local moves' annealing chain: its point,
         self._chain_c = float("inf")   # its charged step time,
         self._chain_t0 = float("nan")  # and its starting temperature
+        self._chain_best = float("inf")   # the run's best when the chain last moved (a better one: the policy's)
         self._local_seen: set[bytes] = set()   # group placements the chain evaluated (not checkpointed)
         self._budget: tuple[float | None, int | None] = (None, None)   # run()'s budget, for the chain's schedule
         self._oom_seen: list = []      # (max used/capacity ratio, device index, used, capacity) of OOM outcomes
@@ -290,6 +291,7 @@ class Search:
             "local_evaluations": self.local_evaluations, "local_improvements": self.local_improvements,
             "local_rng": self._local_rng.bit_generator.state, "local_chain": arr("local_chain", self._chain),
             "local_chain_c": _json_num(self._chain_c), "local_t0": _json_num(self._chain_t0),
+            "local_chain_best": _json_num(self._chain_best),
             "config": self.config.to_dict(), "oom_seen": [list(x) for x in self._oom_seen[-64:]],
             "failure_counts": self.failure_counts, "evaluated": self.evaluated,
             "zero_shot": {k: _json_num(v) for k, v in self.zero_shot.items()},
@@ -384,6 +386,7 @@ class Search:
         self._chain = None if ch is None else np.asarray(arr(ch), np.int32)
         self._chain_c = float(_num_json(state.get("local_chain_c", float("inf"))))
         self._chain_t0 = float(_num_json(state.get("local_t0", float("nan"))))
+        self._chain_best = float(_num_json(state.get("local_chain_best", float("inf"))))
         e = state.get("elite_set")
         self.elite_set = [] if not e else [(float(_num_json(t)), np.asarray(g, np.int32))
                                            for t, g in zip(e["times"], arr(e["groups"]))]
@@ -616,16 +619,16 @@ class Search:
         chain's point (`placer.grouped.neighbours`, the annealer's moves) in batches of `local_batch`, each batch
         accepted by the annealer's rule (`placer.grouped.accept_move`, "greedy") at a temperature that falls
         geometrically from T0 (a median worsening move of the first batch accepted with probability
-        `local_accept0`) to `local_t_final` over the search's budget (wall seconds or `max_evaluations`). Whenever
-        the run's best sample (the elite) is better than the chain's point, the chain jumps to it: the policy
-        proposes, the chain refines, and the chain's improvements become the run's best, which the elite step
+        `local_accept0`) to `local_t_final` over the search's budget (wall seconds or `max_evaluations`). When the
+        policy has sampled a new best of the run since the chain's last moves, the chain jumps to it (a worse
+        point the chain accepted is kept otherwise, as in annealing): the policy proposes, the chain refines, and the chain's improvements become the run's best, which the elite step
         fits. At most `limit` evaluations (what is left of `max_evaluations`); with the cache, placements
         evaluated before are looked up. Returns (the search's best improved, the run's best improved)."""
         cfg = self.config
         n = cfg.local_moves if limit is None else min(cfg.local_moves, limit)
         if n <= 0 or self.elite_groups is None or not np.isfinite(self.elite_time):
             return False, False
-        if self._chain is None or self.elite_time < self._chain_c:          # the policy found better: jump
+        if self._chain is None or self.elite_time < self._chain_best:   # the policy sampled a new best: jump
             self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
             self._local_seen.add(group_key(self._chain))
         if len(self._local_seen) > LOCAL_SEEN_MAX:
@@ -688,6 +691,7 @@ class Search:
             k = accept_move(delta, temp, "greedy", self._local_rng)
             if k is not None:
                 self._chain, self._chain_c = np.asarray(cands[k], np.int32), float(charged[k])
+        self._chain_best = float(self.elite_time)
         return improved, improved_run
 
     def _progress(self) -> float:
