@@ -12,7 +12,8 @@ best (`search_best`: the policy's samples and its local moves; annealing's best 
 floor. Step times are simulated. `placer bench` makes the same comparison once per cell, with the defaults.
 
 Prints and appends one JSON line per (seed, method) to benchmarks/results/bench_wall.jsonl, then a summary line
-per method (mean and range over the seeds, evaluations, and the mean gap to annealing).
+per method (mean and range over the seeds, evaluations, and the mean gap to annealing). `--table TAG` prints the
+markdown table of the records with that tag (RESULTS.md, "At equal wall time").
 """
 from __future__ import annotations
 
@@ -92,6 +93,35 @@ def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_se
     return recs
 
 
+def table(tag: str, path: Path | None = None) -> str:
+    """The markdown table of the records tagged `tag`: per cell and method, the mean (range) over the seeds, the
+    mean of the per-seed gaps to annealing, and the mean evaluations."""
+    recs = [json.loads(x) for x in open(path or RESULTS / "bench_wall.jsonl") if x.strip()]
+    recs = [r for r in recs if r.get("tag") == tag]
+    cells = list(dict.fromkeys((r["model"], r["cluster"]) for r in recs))
+    methods = [m for m in dict.fromkeys(r["method"] for r in recs) if m != "anneal"]
+    head = "| model | cluster | seeds | anneal (s) | " + " | ".join(f"{m} (s) | {m} vs anneal" for m in methods) + \
+        " | evaluations: anneal / " + " / ".join(methods) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for model, cluster in cells:
+        rows = {m: sorted((r for r in recs if (r["model"], r["cluster"]) == (model, cluster) and r["method"] == m),
+                          key=lambda r: r["seed"]) for m in ["anneal"] + methods}
+        ann = {r["seed"]: r["best_s"] for r in rows["anneal"]}
+
+        def fmt(rs):
+            v = [r["best_s"] for r in rs]
+            return f"{statistics.mean(v):.4f} ({min(v):.3f}-{max(v):.3f})" if v else "-"
+        cols = [model, cluster, ",".join(str(r["seed"]) for r in rows["anneal"]), fmt(rows["anneal"])]
+        for m in methods:
+            gaps = [r["best_s"] / ann[r["seed"]] - 1 for r in rows[m] if r["seed"] in ann]
+            g = statistics.mean(gaps) if gaps else float("nan")
+            cols += [fmt(rows[m]), f"{abs(g) * 100:.1f}% {'slower' if g > 0 else 'faster'}"]
+        cols.append(" / ".join(f"{statistics.mean(r['evaluations'] for r in rows[m]):,.0f}" if rows[m] else "-"
+                               for m in ["anneal"] + methods))
+        lines.append("| " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="nmt4")
@@ -104,7 +134,11 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", metavar="JSON", default='{"default": {}}',
                     help="name → ReinforceConfig overrides, one search per entry and seed (a JSON object)")
     ap.add_argument("--tag", default="", help="a label copied into every record")
+    ap.add_argument("--table", metavar="TAG", help="print the markdown table of the records tagged TAG and exit")
     a = ap.parse_args(argv)
+    if a.table:
+        print(table(a.table))
+        return 0
     run(a.model, a.cluster, a.size, a.seconds, a.seed, a.first_seed, a.seeds, json.loads(a.configs), a.tag)
     return 0
 
