@@ -60,6 +60,15 @@ class CellSettings:
     precision: str = "fp32"
     anneal: bool = True            # also run the local-search reference (placer.baselines.anneal)
     split_groups: str | None = None  # groups follow this baseline's devices ("best": the fastest), build_problem
+    local_moves: int | None = None   # ReinforceConfig.local_moves for the search (None: the reward's default)
+
+    @property
+    def effective_local_moves(self) -> int:
+        if self.local_moves is not None:
+            return int(self.local_moves)
+        from placer.rl.reinforce import ReinforceConfig
+
+        return int(ReinforceConfig.for_reward(self.reward).local_moves)
 
     def key(self) -> dict:
         k = {"size": self.size, "reward": self.reward, "budget": float(self.budget), "seed": int(self.seed),
@@ -68,6 +77,8 @@ class CellSettings:
             k.update(cluster=self.cluster, precision=self.precision)
         if self.split_groups:
             k["split_groups"] = self.split_groups
+        if self.effective_local_moves:      # cells searched before local moves existed have none
+            k["local_moves"] = self.effective_local_moves
         return k
 
     @property
@@ -131,8 +142,13 @@ def run_cell(s: CellSettings, out_dir: Path, *, progress: bool = False) -> dict:
         t0 = time.perf_counter()
         res, search_error = None, None
         try:
+            config = None
+            if s.local_moves is not None:
+                from placer.rl.reinforce import ReinforceConfig
+
+                config = ReinforceConfig.for_reward(s.reward, seed=s.seed, local_moves=int(s.local_moves))
             res = search(problem, budget_seconds=s.budget, seed=s.seed, out_dir=str(cell_dir), progress=progress,
-                         model_name=s.model)
+                         model_name=s.model, config=config)
         except PlacerError as e:  # the cell still records the baselines; the table says the search failed
             log.warning("bench: search failed for %s on %s: %s", s.label, s.spec, e)
             search_error = str(e)

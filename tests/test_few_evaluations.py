@@ -1,16 +1,18 @@
 """A measured search (each evaluation a real step of seconds) takes the settings tuned for few evaluations
-(`FEW_EVALUATIONS`, issue 13); a simulated one keeps the defaults (every other search test runs with them); an
-explicit config wins over both."""
+(`FEW_EVALUATIONS`, issue 13); a simulated one adds local moves to the defaults (`CHEAP_EVALUATIONS`: an
+evaluation costs less than a policy update); an explicit config wins over both."""
 from __future__ import annotations
 
 import json
 
-from placer.rl.reinforce import FEW_EVALUATIONS, ReinforceConfig
+from placer.rl.reinforce import CHEAP_EVALUATIONS, FEW_EVALUATIONS, ReinforceConfig
 
 
 def test_for_reward_picks_the_settings():
     few, sim = ReinforceConfig.for_reward("measure", seed=3), ReinforceConfig.for_reward("sim", seed=3)
-    assert sim == ReinforceConfig(seed=3)
+    assert sim == ReinforceConfig(seed=3, **CHEAP_EVALUATIONS) and sim.local_moves > 0
+    assert few.local_moves == 0                  # a local move would be a measurement of seconds
+    assert ReinforceConfig.for_reward("sim", local_moves=0) == ReinforceConfig()        # the policy alone
     assert all(getattr(few, k) == v for k, v in FEW_EVALUATIONS.items()) and few.seed == 3
     assert few.num_samples < sim.num_samples and few.elite_steps > sim.elite_steps
     assert ReinforceConfig.for_reward("measure", num_samples=16).num_samples == 16     # overrides win
@@ -29,6 +31,17 @@ def _run_config(tmp_path, reward, config=None):
         problem.close()
     state = json.loads((tmp_path / reward / "checkpoint" / "state.json").read_text())
     return res, state["config"]
+
+
+def test_simulated_search_makes_local_moves_between_updates(tmp_path):
+    res, cfg = _run_config(tmp_path, "sim")
+    assert cfg["local_moves"] == CHEAP_EVALUATIONS["local_moves"]
+    rows = [r for r in res.history if "update" in r]
+    assert rows[-1]["local_evaluations"] == res.extra["local_moves"]["evaluations"] > 0
+    assert rows[1]["evaluations"] - rows[0]["evaluations"] == rows[1]["new"] + (
+        rows[1]["local_evaluations"] - rows[0]["local_evaluations"])
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["local_moves"] == res.extra["local_moves"]
 
 
 def test_measured_search_samples_few_per_update(tmp_path):
@@ -99,3 +112,21 @@ def test_measured_baselines_take_interleaved_rounds_and_copies_share_one_time():
                 tensorboard=False)
     s1._evaluate_baselines()
     assert len(ev1.calls) == 1 and len(ev1.calls[0]) == 2 and s1.evaluations == 2
+
+
+def test_bench_cells_record_their_local_moves():
+    # a bench cell searched with local moves must not be taken for an older one searched without them (same key)
+    from placer.bench import CellSettings
+
+    cell = CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0)
+    assert cell.key()["local_moves"] == CHEAP_EVALUATIONS["local_moves"]
+    assert "local_moves" not in CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0, local_moves=0).key()
+    assert CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0, local_moves=32).key()["local_moves"] == 32
+
+
+def test_bench_rejects_negative_local_moves(tmp_path, capsys):
+    from placer.cli import main
+
+    assert main(["bench", "--models", "nmt", "--gpus", "2", "--size", "tiny", "--local-moves", "-5",
+                 "--out", str(tmp_path)]) == 2
+    assert "--local-moves must be 0 or more, got -5" in capsys.readouterr().err

@@ -38,7 +38,9 @@ def test_search_cli_files_summary_and_resume(tmp_path, capsys):
     assert rc == 0
     s2 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert s2["updates"] == 5 and s2["step_time_s"] <= s["step_time_s"]
-    assert s["evaluations"] < s2["evaluations"] <= s["evaluations"] + 2 * 16   # repeats are not re-evaluated
+    local = json.loads((out / "checkpoint" / "state.json").read_text())["config"]["local_moves"]
+    assert local > 0 and s2["local_moves"]["evaluations"] > s["local_moves"]["evaluations"] > 0   # sim: local moves
+    assert s["evaluations"] < s2["evaluations"] <= s["evaluations"] + 2 * (16 + local)
     # starting again into the same directory is refused (it would clobber the search)
     assert main(["search", "--model", "nmt", "--size", "tiny", "--cluster", "4xK80", "--out", str(out)]) == 2
     assert "--resume" in capsys.readouterr().err
@@ -48,6 +50,8 @@ def test_search_cli_bad_input(tmp_path, capsys):
     base = ["search", "--model", "nmt", "--size", "tiny", "--no-progress"]
     assert main(base + ["--cluster", "4xK80", "--budget", "0", "--out", str(tmp_path / "a")]) == 2
     assert "budget must be positive" in capsys.readouterr().err
+    assert main(base + ["--cluster", "4xK80", "--local-moves", "-1", "--out", str(tmp_path / "b")]) == 2
+    assert "--local-moves must be 0 or more, got -1" in capsys.readouterr().err
     assert main(["search", "--resume", str(tmp_path / "nothing")]) == 2
     assert "not a search directory" in capsys.readouterr().err
     # one device: returns at once with the only placement there is

@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "search can start from it exactly")
     p.add_argument("--policy", help="start from a pretrained policy (a `placer pretrain` directory, or 'default' "
                                     "for the shipped one) instead of imitating a baseline")
+    p.add_argument("--local-moves", type=int, metavar="N",
+                   help="evaluations of an annealing chain's moves between policy updates (default: 128 with "
+                        "--reward sim, 0 with measure; 0 = the policy alone)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _json_flag(p)
 
@@ -180,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "search can start from it exactly (large transformers on 8 GPUs)")
     p.add_argument("--no-anneal", action="store_true",
                    help="skip the annealing reference per cell (anneal_s, policy_s_at_evals, anneal_s_at_evals)")
+    p.add_argument("--local-moves", type=int, metavar="N",
+                   help="local-move evaluations between policy updates (default: 128 with --reward sim, 0 with "
+                        "measure; 0 = the policy alone)")
     p.add_argument("--no-progress", action="store_true")
 
     p = sub.add_parser("place", help="place a graph with a pretrained policy in seconds (zero-shot, or a short "

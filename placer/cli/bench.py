@@ -24,6 +24,8 @@ def run_bench(args) -> int:
                           "--reward measure` on the machine that has them. bench simulates (--reward sim).")
     if args.budget <= 0:
         raise SearchError(f"--budget must be positive seconds per cell, got {args.budget}")
+    if getattr(args, "local_moves", None) is not None and args.local_moves < 0:
+        raise SearchError(f"--local-moves must be 0 or more, got {args.local_moves}")
     from placer.sim.cluster import parse_cluster
 
     from placer.graphs.models import PRECISIONS
@@ -43,11 +45,13 @@ def run_bench(args) -> int:
             cells += [CellSettings(m, len(c.gpu_indices), c.meta.get("gpu_kind", c.devices[0].kind), args.size,
                                    args.reward, float(args.budget), int(args.seed), cluster=c.name,
                                    precision=precision, anneal=not getattr(args, "no_anneal", False),
-                                   split_groups=getattr(args, "split_groups", None)) for m in models]
+                                   split_groups=getattr(args, "split_groups", None),
+                                   local_moves=getattr(args, "local_moves", None)) for m in models]
     else:
         cells = [CellSettings(m, n, kind, args.size, args.reward, float(args.budget), int(args.seed),
                               precision=precision, anneal=not getattr(args, "no_anneal", False),
-                              split_groups=getattr(args, "split_groups", None)) for m in models for n in gpus]
+                              split_groups=getattr(args, "split_groups", None),
+                              local_moves=getattr(args, "local_moves", None)) for m in models for n in gpus]
     bar = None
     if not getattr(args, "no_progress", False):
         from tqdm import tqdm

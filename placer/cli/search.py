@@ -66,6 +66,8 @@ def run_search(args) -> int:
     if not budget > 0:
         raise SearchError(f"--budget must be positive, got {args.budget} (use --max-updates 0 to only "
                           "evaluate the baselines)")
+    if getattr(args, "local_moves", None) is not None and args.local_moves < 0:
+        raise SearchError(f"--local-moves must be 0 or more, got {args.local_moves}")
     out = Path(args.out)
     if not resume:
         if (out / "checkpoint").exists():
@@ -96,7 +98,12 @@ def run_search(args) -> int:
                                        workers=args.workers, token_file=args.token_file,
                                        warmup=int(getattr(args, "warmup", 2) or 0), runs=int(getattr(args, "runs", 5) or 1),
                                        timeout=float(getattr(args, "timeout", 600.0) or 600.0))
-        search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0),
+        config = None
+        if getattr(args, "local_moves", None) is not None and not resume:
+            from placer.rl.reinforce import ReinforceConfig
+
+            config = ReinforceConfig.for_reward(args.reward, seed=int(args.seed or 0), local_moves=int(args.local_moves))
+        search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0), config=config,
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,
                resume=resume, remeasure=getattr(args, "remeasure", True) is not False,
                model_name=args.model or graph.name, policy=getattr(args, "policy", None) or None,

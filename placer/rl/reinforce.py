@@ -106,9 +106,10 @@ class ReinforceConfig:
     @classmethod
     def for_reward(cls, reward: str, **overrides) -> "ReinforceConfig":
         """The defaults for a reward. "measure": each evaluation is a real step of seconds, so a search sees
-        hundreds to a few thousand of them: FEW_EVALUATIONS. "sim": the defaults above (tuned on 300 s searches of
-        ~16,000 evaluations)."""
-        return cls(**{**(FEW_EVALUATIONS if reward == "measure" else {}), **overrides})
+        hundreds to a few thousand of them: FEW_EVALUATIONS. "sim": an evaluation costs about a millisecond, less
+        than a policy update: CHEAP_EVALUATIONS over the defaults above (tuned on 300 s searches of ~16,000
+        evaluations)."""
+        return cls(**{**(FEW_EVALUATIONS if reward == "measure" else CHEAP_EVALUATIONS), **overrides})
 
     def explore_for(self, num_groups: int) -> float:
         """ε for a policy over `num_groups` groups: explore_groups / G, at most explore_max."""
@@ -126,6 +127,13 @@ class ReinforceConfig:
 # "An elite set"; about even on the mean), for ~3x the wall per update (a set rarely reaches imitation_prob).
 FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "baseline_rounds": 2,
                    "reuse_evaluations": True, "elite_size": 4}
+
+# Settings for searches whose evaluations cost less than a policy update (simulated rewards, ~1-3 ms against
+# ~0.2 s): between updates, 128 evaluations of an annealing chain that the policy's new bests restart (local
+# moves; Search._local_moves). At equal wall time (120 s, K80 cells, 3 seeds; RESULTS.md "At equal wall time")
+# the policy alone was 2-13% behind annealing in 5 of 8 cells (it evaluates 2-8x fewer placements); the chain
+# spends the time a policy update leaves idle. Measured searches keep 0: there a move is a measurement of seconds.
+CHEAP_EVALUATIONS = {"local_moves": 128}
 
 
 def reward_of(step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:
