@@ -158,3 +158,11 @@ def accept_move(delta: np.ndarray, temp: float, rule: str, rng: np.random.Genera
         if d <= 0 or (temp > 0 and np.isfinite(d) and rng.random() < math.exp(-d / temp)):
             return int(i)
     return None
+
+
+def initial_temperature(delta: np.ndarray, accept0: float) -> float:
+    """T0 from a first batch of moves' relative changes `delta`: a median worsening move is accepted with
+    probability `accept0` (1e-2 stands in for the median when no move of the batch worsened)."""
+    worse = delta[(delta > 0) & np.isfinite(delta)]
+    med = float(np.median(worse)) if worse.size else 1e-2
+    return max(med / -math.log(accept0), 1e-12)

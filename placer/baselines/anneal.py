@@ -36,7 +36,6 @@ into R + 1 equal schedules, each reheated to T0 from the best placement so far.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -45,7 +44,7 @@ import numpy as np
 
 from placer.errors import PlacementError
 from placer.grouped import (accept_move, charged_step_times, failure_reference, group_key, grouped_baselines,
-                            neighbours)
+                            initial_temperature, neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -188,9 +187,7 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
         costs, _ = run.evaluate(cands)
         delta = costs / max(cur_c, 1e-30) - 1.0
         if not np.isfinite(t0):     # T0 from the first batch's worsening moves
-            worse = delta[(delta > 0) & np.isfinite(delta)]
-            med = float(np.median(worse)) if worse.size else 1e-2
-            t0 = max(med / -math.log(cfg.accept0), 1e-12)
+            t0 = initial_temperature(delta, cfg.accept0)
             t_fin = min(cfg.t_final, t0)
             temp = t0
         k = accept_move(delta, temp, cfg.rule, rng)

@@ -31,7 +31,6 @@ import hashlib
 import io
 import json
 import logging
-import math
 import os
 import tempfile
 import time
@@ -43,7 +42,7 @@ import numpy as np
 
 from placer.errors import SearchError, fmt_bytes
 from placer.grouped import (accept_move, charged_step_times, failure_reference, first_copies, group_key,
-                            grouped_baselines, neighbours)
+                            grouped_baselines, initial_temperature, neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -682,9 +681,7 @@ class Search:
                 self._consider(placement, t, "search")
             delta = charged / max(self._chain_c, 1e-30) - 1.0
             if not np.isfinite(self._chain_t0):          # T0 from the first batch's worsening moves
-                worse = delta[(delta > 0) & np.isfinite(delta)]
-                med = float(np.median(worse)) if worse.size else 1e-2
-                self._chain_t0 = max(med / -math.log(cfg.local_accept0), 1e-12)
+                self._chain_t0 = initial_temperature(delta, cfg.local_accept0)
             t0 = self._chain_t0
             t_fin = min(cfg.local_t_final, t0)
             temp = t0 * (t_fin / t0) ** min(1.0, max(0.0, self._progress()))
