@@ -49,7 +49,7 @@ def _emit(rec: dict) -> None:
 
 
 def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_seed: int, seeds: int,
-        configs: dict[str, dict], tag: str = "") -> list[dict]:
+        configs: dict[str, dict], tag: str = "", with_anneal: bool = True) -> list[dict]:
     from placer.baselines.anneal import AnnealConfig, anneal
     from placer.graphs.models import build_model
     from placer.problem import build_problem
@@ -57,7 +57,7 @@ def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_se
     from placer.search import search
 
     problem = build_problem(build_model(model, size), cluster, seed=seed)
-    methods = ["anneal"] + list(configs)
+    methods = (["anneal"] if with_anneal else []) + list(configs)
     base = {"bench": "wall", "model": model, "cluster": cluster, "size": size, "seconds": seconds,
             "problem_seed": seed, "tag": tag}
     recs: list[dict] = []
@@ -84,7 +84,7 @@ def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_se
     for m in methods:
         rows = [r for r in recs if r["method"] == m]
         vals = [r["best_s"] for r in rows]
-        gaps = [r["best_s"] / ann[r["seed"]] - 1 for r in rows if m != "anneal"]
+        gaps = [r["best_s"] / ann[r["seed"]] - 1 for r in rows if m != "anneal" and r["seed"] in ann]
         print(json.dumps({"summary": m, "model": model, "cluster": cluster, "seconds": seconds,
                           "seeds": [r["seed"] for r in rows], "mean_s": statistics.mean(vals),
                           "min_s": min(vals), "max_s": max(vals),
@@ -135,12 +135,15 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", metavar="JSON", default='{"default": {}}',
                     help="name → ReinforceConfig overrides, one search per entry and seed (a JSON object)")
     ap.add_argument("--tag", default="", help="a label copied into every record")
+    ap.add_argument("--no-anneal", action="store_true",
+                    help="only the --configs searches (more methods for a tag whose annealing runs are recorded)")
     ap.add_argument("--table", metavar="TAG", help="print the markdown table of the records tagged TAG and exit")
     a = ap.parse_args(argv)
     if a.table:
         print(table(a.table))
         return 0
-    run(a.model, a.cluster, a.size, a.seconds, a.seed, a.first_seed, a.seeds, json.loads(a.configs), a.tag)
+    run(a.model, a.cluster, a.size, a.seconds, a.seed, a.first_seed, a.seeds, json.loads(a.configs), a.tag,
+        with_anneal=not a.no_anneal)
     return 0
 
 
