@@ -130,9 +130,10 @@ FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "
 
 # Settings for searches whose evaluations cost less than a policy update (simulated rewards, ~1-3 ms against
 # ~0.2 s): between updates, 128 evaluations of an annealing chain that the policy's new bests restart (local
-# moves; Search._local_moves). At equal wall time (120 s, K80 cells, 3 seeds; RESULTS.md "At equal wall time")
-# the policy alone was 2-13% behind annealing in 5 of 8 cells (it evaluates 2-8x fewer placements); the chain
-# spends the time a policy update leaves idle. Measured searches keep 0: there a move is a measurement of seconds.
+# moves; Search._local_moves). At equal wall time (120 s, the 8 K80 cells, 3 seeds; RESULTS.md "At equal wall
+# time") the policy alone was 1.3-7.8% behind annealing in 5 of 8 cells (it evaluates 2-8x fewer placements);
+# with the chain it is within 1% in 7 and 2.3% behind in one. Measured searches keep 0: there a move is a
+# measurement of seconds.
 CHEAP_EVALUATIONS = {"local_moves": 128}
 
 
