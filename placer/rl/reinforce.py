@@ -86,8 +86,8 @@ class ReinforceConfig:
     # --- local moves (expert iteration: Anthony et al. NeurIPS 2017; a policy's samples refined by local search,
     # as Kool et al. ICLR 2019 do with 2-opt) ---
     # after every update, up to this many evaluations of one annealing chain's moves (the annealer's moves and
-    # rule, `placer.grouped`), in batches of `local_batch`; the chain jumps to the run's best sample when that is
-    # better, and its improvements become the run's best, which the elite step fits (Search._local_moves). 0: off
+    # rule, `placer.grouped`), in batches of `local_batch`; the chain jumps to each new best the policy samples,
+    # and its improvements become the run's best, which the elite step fits (Search._local_moves). 0: off
     local_moves: int = 0
     local_batch: int = 8             # AnnealConfig.batch
     local_accept0: float = 0.3       # AnnealConfig.accept0: T0 accepts a median worsening move with this probability
@@ -128,8 +128,8 @@ class ReinforceConfig:
 FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "baseline_rounds": 2,
                    "reuse_evaluations": True, "elite_size": 4}
 
-# Settings for searches whose evaluations cost less than a policy update (simulated rewards, ~1-3 ms against
-# ~0.2 s): between updates, 128 evaluations of an annealing chain that the policy's new bests restart (local
+# Settings for searches whose evaluations cost less than a policy update (simulated rewards, ~1-4 ms against
+# ~0.17 s): between updates, 128 evaluations of an annealing chain that the policy's new bests restart (local
 # moves; Search._local_moves). At equal wall time (120 s, the 8 K80 cells, 3 seeds; RESULTS.md "At equal wall
 # time") the policy alone was 1.3-7.8% behind annealing in 5 of 8 cells (it evaluates 2-8x fewer placements);
 # with the chain it is within 1% in 7 and 2.3% behind in one. Measured searches keep 0: there a move is a

@@ -6,8 +6,9 @@ best-so-far tracking, checkpoints that survive `kill -9`, a progress bar, Tensor
     result.placement     # op→device int array: the best of the baselines and of every sampled placement
     result.search_best   # the best step time the policy itself sampled (no baseline floor)
 
-Between updates: with `ReinforceConfig.local_moves` > 0, local moves around the run's best sample (the
-annealer's neighbours, greedy; an improvement is the run's new best); the elite step (fit the policy to the
+Between updates: with `ReinforceConfig.local_moves` > 0, local moves (one annealing chain through the search,
+with the annealer's moves and rule, which jumps to each new best the policy samples; an improvement is the run's
+new best); the elite step (fit the policy to the
 current run's best sample, or its best `elite_size`) and, after `ReinforceConfig.restart_updates` updates
 without a better one, a restart from the warm-start placement. `result.search_best` counts the local moves'
 placements: they are the search's own, never a baseline's.
@@ -620,8 +621,8 @@ class Search:
         geometrically from T0 (a median worsening move of the first batch accepted with probability
         `local_accept0`) to `local_t_final` over the search's budget (wall seconds or `max_evaluations`). When the
         policy has sampled a new best of the run since the chain's last moves, the chain jumps to it (a worse
-        point the chain accepted is kept otherwise, as in annealing): the policy proposes, the chain refines, and the chain's improvements become the run's best, which the elite step
-        fits. At most `limit` evaluations (what is left of `max_evaluations`); with the cache, placements
+        point the chain accepted is kept otherwise, as in annealing): the policy proposes, the chain refines, and
+        the chain's improvements become the run's best, which the elite step fits. At most `limit` evaluations (what is left of `max_evaluations`); with the cache, placements
         evaluated before are looked up. Returns (the search's best improved, the run's best improved)."""
         cfg = self.config
         n = cfg.local_moves if limit is None else min(cfg.local_moves, limit)
