@@ -671,15 +671,11 @@ class Search:
                 self._update_elite_set(np.stack(cands), times, ok)
             b = int(np.argmin(times))
             if ok[b] and times[b] < self.elite_time:
-                t, g = float(times[b]), np.asarray(cands[b], np.int32)
-                self.elite_time, self.elite_groups = t, g.copy()
+                g = np.asarray(cands[b], np.int32)
+                i, _ = self._note_sample(g, self.grouping.expand(g, self.cpu_index), float(times[b]))
+                improved = improved or i
                 improved_run = True
                 self.local_improvements += 1
-                placement = self.grouping.expand(g, self.cpu_index)
-                if t < self.search_best:
-                    self.search_best, self.search_best_placement, self.search_best_groups = t, placement, g.copy()
-                    improved = True
-                self._consider(placement, t, "search")
             delta = charged / max(self._chain_c, 1e-30) - 1.0
             if not np.isfinite(self._chain_t0):          # T0 from the first batch's worsening moves
                 self._chain_t0 = initial_temperature(delta, cfg.local_accept0)
@@ -690,6 +686,21 @@ class Search:
             if k is not None:
                 self._chain, self._chain_c = np.asarray(cands[k], np.int32), float(charged[k])
         self._chain_best = float(self.elite_time)
+        return improved, improved_run
+
+    def _note_sample(self, groups: np.ndarray, placement: np.ndarray, t: float) -> tuple[bool, bool]:
+        """A working placement the search evaluated (a sample or a local move), step time `t`: the search's best,
+        the run's best (the elite) and the overall best follow it. Returns (search's best improved, run's best
+        improved)."""
+        improved = improved_run = False
+        if t < self.search_best:
+            self.search_best, self.search_best_placement = t, placement.copy()
+            self.search_best_groups = np.asarray(groups).copy()
+            improved = True
+        if t < self.elite_time:
+            self.elite_time, self.elite_groups = t, np.asarray(groups).copy()
+            improved_run = True
+        self._consider(placement, t, "search")
         return improved, improved_run
 
     def _progress(self) -> float:
@@ -872,16 +883,8 @@ class Search:
                 ok = ~upd.failed & np.isfinite(upd.step_times)
                 if ok.any():
                     k = int(np.argmin(np.where(ok, upd.step_times, np.inf)))
-                    t = float(upd.step_times[k])
-                    if t < self.search_best:
-                        self.search_best = t
-                        self.search_best_placement = upd.op_placements[k].copy()
-                        self.search_best_groups = upd.group_devices[k].copy()
-                        improved = True
-                    if t < self.elite_time:
-                        self.elite_time, self.elite_groups = t, upd.group_devices[k].copy()
-                        improved_run = True
-                    self._consider(upd.op_placements[k], t, "search")
+                    improved, improved_run = self._note_sample(upd.group_devices[k], upd.op_placements[k],
+                                                               float(upd.step_times[k]))
                 if self.config.elite_size > 1:
                     self._update_elite_set(upd.group_devices, upd.step_times, ok)
                 if self.config.local_moves > 0:
