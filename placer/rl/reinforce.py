@@ -379,6 +379,57 @@ def _draw(agent: "Reinforce", cache: EvaluationCache, k: int, max_draws: int) ->
     return np.concatenate(acts), np.concatenate(noises)
 
 
+@dataclass
+class GroupOutcomes:
+    """What `evaluate_groups` found for N group placements: a row looked up in the cache or copied from an
+    earlier row of the batch carries that outcome's times and was not evaluated again."""
+    step_times: np.ndarray                 # float64[N] (the outcome's own; inf where no time exists)
+    failed: np.ndarray                     # bool[N]
+    charged: np.ndarray                    # float64[N]: what the search is charged (`charged_step_times`)
+    evaluated: np.ndarray                  # bool[N]: rows evaluated in this call
+    outcomes: list                         # list[Outcome] of the evaluated rows, in row order
+
+    @property
+    def times(self) -> np.ndarray:
+        """The step times of the rows that worked; inf elsewhere."""
+        return np.where(~self.failed & np.isfinite(self.step_times), self.step_times, np.inf)
+
+
+def evaluate_groups(groups: Sequence[np.ndarray], expand, evaluator, failure_step_time: float,
+                    capacity: np.ndarray | None = None, cache: EvaluationCache | None = None) -> GroupOutcomes:
+    """Evaluate group placements in one `evaluator.evaluate` call: with a `cache`, rows evaluated before are
+    looked up; copies of a row within the batch are evaluated once (with a cache) and share its outcome; the
+    outcomes are put in the cache. `expand(i)` gives row i's op placement (only evaluated rows are expanded).
+    The one path by which the search's samples (`reinforce_update`) and its local moves (`Search._local_moves`)
+    reach the evaluator."""
+    n = len(groups)
+    step_times, failed = np.zeros(n), np.zeros(n, bool)
+    charged = np.zeros(n)
+    evaluated = np.zeros(n, bool)
+    first: dict = {}
+    copy_of: dict[int, int] = {}                    # row → the earlier row of the same placement
+    todo = []
+    for i, a in enumerate(groups):
+        key = EvaluationCache.key(a) if cache is not None else i
+        hit = cache.lookup(key) if cache is not None else None
+        if hit is not None:
+            step_times[i], failed[i], charged[i] = hit
+        elif key in first:
+            copy_of[i] = first[key]                 # filled in below
+        else:
+            first[key] = i
+            todo.append(i)
+    outcomes = evaluator.evaluate([expand(i) for i in todo]) if todo else []
+    ch = charged_step_times(outcomes, failure_step_time, capacity) if outcomes else np.zeros(0)
+    for i, o, c in zip(todo, outcomes, ch):
+        step_times[i], failed[i], charged[i], evaluated[i] = o.step_time, o.failed, c, True
+        if cache is not None:
+            cache.put(groups[i], o, c)
+    for i, j in copy_of.items():
+        step_times[i], failed[i], charged[i] = step_times[j], failed[j], charged[j]
+    return GroupOutcomes(step_times, failed, charged, evaluated, list(outcomes))
+
+
 def reinforce_update(agent: Reinforce, grouping, evaluator, cpu_index: int | None,
                      failure_step_time: float, capacity: np.ndarray | None = None,
                      cache: EvaluationCache | None = None) -> UpdateResult:
@@ -393,37 +444,13 @@ def reinforce_update(agent: Reinforce, grouping, evaluator, cpu_index: int | Non
         actions, noise = _draw(agent, cache, k, agent.config.max_draws)
     t1 = time.perf_counter()
     placements = [grouping.expand(a, cpu_index) for a in actions]                # 2. expand
-    n = len(actions)
-    step_times, failed = np.zeros(n), np.zeros(n, bool)
-    charged = np.zeros(n)
-    evaluated = np.zeros(n, bool)
-    first: dict = {}
-    copy_of: dict[int, int] = {}                    # row → the earlier row of the same placement
-    todo = []
-    for i, a in enumerate(actions):
-        key = EvaluationCache.key(a) if cache is not None else i
-        hit = cache.lookup(key) if cache is not None else None
-        if hit is not None:
-            step_times[i], failed[i], charged[i] = hit
-        elif key in first:
-            copy_of[i] = first[key]                 # filled in below
-        else:
-            first[key] = i
-            todo.append(i)
-    outcomes = evaluator.evaluate([placements[i] for i in todo]) if todo else []  # 3. evaluate
+    r = evaluate_groups(actions, placements.__getitem__, evaluator, failure_step_time, capacity, cache)  # 3.
     t2 = time.perf_counter()
-    ch = charged_step_times(outcomes, failure_step_time, capacity) if outcomes else np.zeros(0)
-    for i, o, c in zip(todo, outcomes, ch):
-        step_times[i], failed[i], charged[i], evaluated[i] = o.step_time, o.failed, c, True
-        if cache is not None:
-            cache.put(actions[i], o, c)
-    for i, j in copy_of.items():
-        step_times[i], failed[i], charged[i] = step_times[j], failed[j], charged[j]
-    rewards = agent.rewards(charged, np.zeros(n, bool), failure_step_time)      # 4. reward = -sqrt(time)
+    rewards = agent.rewards(r.charged, np.zeros(len(actions), bool), failure_step_time)  # 4. reward = -sqrt(time)
     stats = agent.learn(actions, noise, rewards)                                # 5-6. baseline, loss, Adam
     t3 = time.perf_counter()
     stats.update(sample_s=t1 - t0, evaluate_s=t2 - t1, learn_s=t3 - t2)
-    return UpdateResult(actions, placements, step_times, failed, list(outcomes), evaluated, stats)
+    return UpdateResult(actions, placements, r.step_times, r.failed, r.outcomes, r.evaluated, stats)
 
 
 def toy_step_times(actions: np.ndarray, target: Sequence[int], base: float = 1.0, per_miss: float = 0.1) -> np.ndarray:

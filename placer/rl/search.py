@@ -633,6 +633,8 @@ class Search:
             self._local_seen.add(group_key(self._chain))
         if len(self._local_seen) > LOCAL_SEEN_MAX:
             self._local_seen = {group_key(self._chain)}
+        from placer.rl.reinforce import evaluate_groups
+
         fail_t = self.failure_step_time if self.failure_step_time is not None else 100.0
         improved = improved_run = False
         drawn = 0
@@ -643,29 +645,12 @@ class Search:
                 break
             drawn += len(cands)
             self._local_seen.update(group_key(g) for g in cands)
-            charged = np.full(len(cands), np.inf)
-            times = np.full(len(cands), np.inf)
-            todo = []
-            for i, g in enumerate(cands):
-                hit = self.cache.get(g) if self.cache is not None else None
-                if hit is None:
-                    todo.append(i)
-                else:
-                    charged[i] = hit[2]
-                    if not hit[1]:
-                        times[i] = hit[0]
-            if todo:
-                outs = self.evaluator.evaluate([self.grouping.expand(cands[i], self.cpu_index) for i in todo])
-                self.evaluations += len(todo)
-                self.local_evaluations += len(todo)
-                self._note_oom(outs)
-                ch = charged_step_times(outs, fail_t, self.device_capacity)
-                for i, o, c in zip(todo, outs, ch):
-                    if self.cache is not None:
-                        self.cache.put(cands[i], o, c)
-                    charged[i] = c
-                    if o.ok and np.isfinite(o.step_time):
-                        times[i] = o.step_time
+            r = evaluate_groups(cands, lambda i: self.grouping.expand(cands[i], self.cpu_index), self.evaluator,
+                                fail_t, self.device_capacity, self.cache)
+            self.evaluations += len(r.outcomes)
+            self.local_evaluations += len(r.outcomes)
+            self._note_oom(r.outcomes)
+            charged, times = r.charged, r.times
             ok = np.isfinite(times)
             if cfg.elite_size > 1:
                 self._update_elite_set(np.stack(cands), times, ok)
