@@ -13,7 +13,8 @@ floor. Step times are simulated. `placer bench` makes the same comparison once p
 
 Prints and appends one JSON line per (seed, method) to benchmarks/results/bench_wall.jsonl, then a summary line
 per method (mean and range over the seeds, evaluations, and the mean gap to annealing). `--table TAG` prints the
-markdown table of the records with that tag (RESULTS.md, "At equal wall time").
+markdown table of the records with that tag (RESULTS.md, "At equal wall time"; several tags comma-separated,
+`--methods` to keep some).
 """
 from __future__ import annotations
 
@@ -93,11 +94,13 @@ def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_se
     return recs
 
 
-def table(tag: str, path: Path | None = None) -> str:
-    """The markdown table of the records tagged `tag`: per cell and method, the mean (range) over the seeds, the
-    mean's gap to annealing's mean (over the seeds both ran), and the mean evaluations."""
+def table(tag: str, path: Path | None = None, methods: list[str] | None = None) -> str:
+    """The markdown table of the records tagged `tag` (several: comma-separated, e.g. a table and the seeds
+    added to it later): per cell and method, the mean (range) over the seeds, the mean's gap to annealing's mean
+    (over the seeds both ran), and the mean evaluations. `methods`: only these (default: all)."""
+    tags = set(tag.split(","))
     recs = [json.loads(x) for x in open(path or RESULTS / "bench_wall.jsonl") if x.strip()]
-    recs = [r for r in recs if r.get("tag") == tag]
+    recs = [r for r in recs if r.get("tag") in tags and (methods is None or r["method"] in methods + ["anneal"])]
     cells = list(dict.fromkeys((r["model"], r["cluster"]) for r in recs))
     methods = [m for m in dict.fromkeys(r["method"] for r in recs) if m != "anneal"]
     head = "| model | cluster | seeds | anneal (s) | " + " | ".join(f"{m} (s) | {m} vs anneal" for m in methods) + \
@@ -137,10 +140,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="", help="a label copied into every record")
     ap.add_argument("--no-anneal", action="store_true",
                     help="only the --configs searches (more methods for a tag whose annealing runs are recorded)")
-    ap.add_argument("--table", metavar="TAG", help="print the markdown table of the records tagged TAG and exit")
+    ap.add_argument("--table", metavar="TAG[,TAG...]",
+                    help="print the markdown table of the records with these tags and exit")
+    ap.add_argument("--methods", metavar="M[,M...]", help="with --table: only these methods (and annealing)")
     a = ap.parse_args(argv)
     if a.table:
-        print(table(a.table))
+        print(table(a.table, methods=a.methods.split(",") if a.methods else None))
         return 0
     run(a.model, a.cluster, a.size, a.seconds, a.seed, a.first_seed, a.seeds, json.loads(a.configs), a.tag,
         with_anneal=not a.no_anneal)

@@ -1,0 +1,41 @@
+"""benchmarks/bench_wall.py --table: the published equal-wall table is computed from the records as it says."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_wall.py"
+
+
+@pytest.fixture(scope="module")
+def bench_wall():
+    spec = importlib.util.spec_from_file_location("bench_wall", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rec(tag, method, seed, best, evals=100, model="nmt", cluster="4xK80"):
+    return {"bench": "wall", "model": model, "cluster": cluster, "tag": tag, "method": method, "seed": seed,
+            "best_s": best, "evaluations": evals}
+
+
+def test_table_joins_tags_filters_methods_and_gives_the_gap_of_the_means(bench_wall, tmp_path):
+    recs = [_rec("a", "anneal", 0, 1.0), _rec("a", "local", 0, 1.3), _rec("a", "other", 0, 9.0),
+            _rec("b", "anneal", 1, 3.0), _rec("b", "local", 1, 2.7),
+            _rec("c", "anneal", 2, 100.0), _rec("c", "local", 2, 1.0)]          # tag c is not asked for
+    path = tmp_path / "wall.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    out = bench_wall.table("a,b", path=path, methods=["local"])
+    lines = out.splitlines()
+    assert "other" not in out and len(lines) == 3                    # header, rule, one cell
+    cols = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cols[:3] == ["nmt", "4xK80", "0,1"]
+    assert cols[3] == "2.0000 (1.000-3.000)"                         # annealing's mean over seeds 0 and 1
+    assert cols[4] == "2.0000 (1.300-2.700)"
+    assert cols[5] == "equal"                                        # mean 2.0 against 2.0 (not the mean of +30%, -10%)
+
+    one = bench_wall.table("a", path=path, methods=["local"]).splitlines()[2]
+    assert "30.0% slower" in one
