@@ -132,8 +132,9 @@ FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "
 # ~0.17 s): between updates, 128 evaluations of an annealing chain that the policy's new bests restart (local
 # moves; Search._local_moves). At equal wall time (120 s, the 8 K80 cells, 3 seeds; RESULTS.md "At equal wall
 # time") the policy alone was 1.3-7.8% behind annealing in 5 of 8 cells (it evaluates 2-8x fewer placements);
-# with the chain it is within 1% in 7 and 2.3% behind in one. Measured searches keep 0: there a move is a
-# measurement of seconds.
+# with the chain it is within 1% of annealing's mean in all 8 (3 seeds; 6-9 in the 4-K80 cells). 512 moves and
+# elite_steps 1 were no better on nmt 4xK80 (6 seeds). Measured searches keep 0: there a move is a measurement of
+# seconds.
 CHEAP_EVALUATIONS = {"local_moves": 128}
 
 
