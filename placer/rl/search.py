@@ -622,8 +622,9 @@ class Search:
         `local_accept0`) to `local_t_final` over the search's budget (wall seconds or `max_evaluations`). When the
         policy has sampled a new best of the run since the chain's last moves, the chain jumps to it (a worse
         point the chain accepted is kept otherwise, as in annealing): the policy proposes, the chain refines, and
-        the chain's improvements become the run's best, which the elite step fits. At most `limit` evaluations (what is left of `max_evaluations`); with the cache, placements
-        evaluated before are looked up. Returns (the search's best improved, the run's best improved)."""
+        the chain's improvements become the run's best, which the elite step fits. At most `limit` evaluations
+        (what is left of `max_evaluations`), through `evaluate_groups` (with the cache, placements evaluated
+        before are looked up). Returns (the search's best improved, the run's best improved)."""
         cfg = self.config
         n = cfg.local_moves if limit is None else min(cfg.local_moves, limit)
         if n <= 0 or self.elite_groups is None or not np.isfinite(self.elite_time):
