@@ -77,6 +77,22 @@ def test_analytical_is_cached_per_kind():
     assert list(analytical_costs(g, cl).seconds["V100"]) == [1.0, 2.0, 3.0]
 
 
+def test_tf_version_key_without_importing_tensorflow(tmp_path):
+    """The cost cache's TF-version key comes from the package metadata: a cached table (`placer simulate`, a
+    zero-shot placement) is read without the seconds of importing TensorFlow, and the key is TF's own version."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from placer.sim.costs import _tf_version; v = _tf_version(); "
+            "print(v, 'tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PLACER_CACHE_DIR": str(tmp_path)})
+    version, imported = out.stdout.split()
+    import tensorflow as tf
+
+    assert (version, imported) == (tf.__version__, "False")
+
+
 def test_load_or_analytical_fills_missing_kinds(tmp_path):
     g = hand_graph()
     prof = CostTable(g.fingerprint, g.names, g.cpu_only, {"cpu": np.array([1.0, 2.0, 3.0])}, "profiled")

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,8 +169,20 @@ class CostTable:
 # analytical estimates
 # =================================================================================================================
 def _tf_version() -> str:
+    """The installed TensorFlow's version, for the cost cache's key, without importing TensorFlow when it is not
+    yet imported (that takes seconds and `placer simulate` or a cached zero-shot placement need no TF)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and getattr(tf, "__version__", None):
+        return tf.__version__
+    from importlib import metadata
+
+    for dist in ("tensorflow", "tensorflow-cpu", "tf-nightly", "tensorflow-macos"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
     try:
-        import tensorflow as tf  # noqa: F401 - version only
+        import tensorflow as tf  # noqa: F811 - an install without package metadata
 
         return tf.__version__
     except ImportError:  # pragma: no cover
