@@ -2,15 +2,17 @@
 of this machine (issue 12, item 3).
 
     .venv/bin/python benchmarks/fidelity.py                       # inception_v3, nmt, rnnlm at --size small
-    .venv/bin/python benchmarks/fidelity.py --models nmt --placements 30 --rounds 3 --runs 3
+    .venv/bin/python benchmarks/fidelity.py --models nmt --placements 30 --rounds 9 --runs 1
 
 For each model: start `placer cluster up --tasks 2` (two `tf.distribute.Server` tasks on 127.0.0.1, one core
 each), `placer calibrate` the simulator to it (per-op costs profiled on task 0, link latency and bandwidth from a
 tensor ping-pong), then take at least `--placements` distinct placements: every baseline, round_robin, single
 on each task, random ones, and samples spread over a simulated search. Each is simulated by the calibrated
-simulator and measured on the cluster: `--rounds` rounds, each measuring every placement in turn (`--runs` timed
-runs after one warm-up), so load drift hits all placements alike; the measured step time is the median of all
-its runs. Writes results/fidelity.json (one object per model: model, placements, spearman, median_abs_err,
+simulator and measured on the cluster: `--rounds` rounds (9), each measuring every placement in turn (`--runs`
+timed runs after one warm-up, 1), so load drift hits all placements alike; the measured step time is the median
+of all its runs. Many rounds of one run, not a few rounds of several: runs taken one after another share the
+VM's load of that moment, and in the sessions kept here a placement's round medians spread up to twice as much
+as its runs within a round (`round_noise`). Writes results/fidelity.json (one object per model: model, placements, spearman, median_abs_err,
 p90_abs_err, and every point), results/fidelity.png and the section "Simulator vs real" of RESULTS.md.
 Keep the machine otherwise idle while it runs.
 """
@@ -22,6 +24,7 @@ import shlex
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -92,12 +95,47 @@ def spearman(a, b) -> float:
     return float(spearmanr(a, b).statistic)
 
 
-def retest_spearman(runs_arr, splits: int = 200, seed: int = 0) -> tuple[float, float]:
-    """How well the measurements rank the placements against themselves: each placement's runs split at random
-    into two halves, the Spearman ρ between the two halves' medians, averaged over `splits` splits; and that
-    figure projected to the full number of runs (Spearman-Brown, 2r / (1 + r)). No simulator can be expected to
-    rank the placements better than the measurements agree with themselves."""
+def _round_blocks(runs_arr, rounds: int) -> np.ndarray | None:
+    """The runs as [placement, round, run in round] (NaN for a failed run), or None when the columns do not split
+    into `rounds` equal rounds."""
+    runs_arr = np.asarray(runs_arr, float)
+    if rounds < 1 or runs_arr.shape[1] % rounds:
+        return None
+    return runs_arr.reshape(runs_arr.shape[0], rounds, runs_arr.shape[1] // rounds)
+
+
+def retest_spearman(runs_arr, splits: int = 200, seed: int = 0, rounds: int = 1) -> tuple[float, float]:
+    """How well the measurements rank the placements against themselves: the Spearman ρ between two halves of
+    each placement's measurements (their medians), averaged over `splits` random splits; and that figure
+    projected to all the measurements (Spearman-Brown, 2r / (1 + r)). No simulator can be expected to rank the
+    placements better than the measurements agree with themselves.
+
+    With `rounds` > 1 (the runs kept round after round, as `measure_interleaved` takes them) the halves are
+    halves of the rounds, a round's runs kept together: runs taken one after another share the machine's load
+    of that moment, so splitting them between the halves would overstate the agreement (on this VM the spread
+    of a placement's round medians is up to twice that of its runs within a round: `round_noise`). With an
+    odd number of rounds the halves differ by one round."""
     rng = np.random.default_rng(seed)
+    blocks = _round_blocks(runs_arr, rounds) if rounds > 1 else None
+    if blocks is not None:
+        keep = np.isfinite(blocks).sum(axis=(1, 2)) >= 2
+        blocks = blocks[keep]
+        if len(blocks) < 3:
+            return float("nan"), float("nan")
+        rs = []
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for _ in range(splits):
+                perm = rng.permutation(rounds)
+                a = np.nanmedian(blocks[:, perm[: rounds // 2]].reshape(len(blocks), -1), axis=1)
+                b = np.nanmedian(blocks[:, perm[rounds // 2:]].reshape(len(blocks), -1), axis=1)
+                ok = np.isfinite(a) & np.isfinite(b)
+                if ok.sum() >= 3:
+                    rs.append(spearman(a[ok], b[ok]))
+        if not rs:
+            return float("nan"), float("nan")
+        half = float(np.mean(rs))
+        return half, 2 * half / (1 + half)
     rows = [np.asarray(r, float)[np.isfinite(r)] for r in runs_arr]
     rows = [r for r in rows if len(r) >= 2]
     if len(rows) < 3:
@@ -112,6 +150,23 @@ def retest_spearman(runs_arr, splits: int = 200, seed: int = 0) -> tuple[float, 
         rs.append(spearman(np.array(a), np.array(b)))
     half = float(np.mean(rs))
     return half, 2 * half / (1 + half)
+
+
+def round_noise(runs_arr, rounds: int) -> dict | None:
+    """Where the measurement noise is, from log step times: `within_round` the standard deviation of a
+    placement's runs about their round's mean, `between_rounds` that of its round means about their mean (both
+    averaged over placements). When the second is the larger, more rounds of fewer runs each narrow a
+    placement's median more than more runs per round do."""
+    blocks = _round_blocks(runs_arr, rounds)
+    if blocks is None or rounds < 2:
+        return None
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        logs = np.log(blocks)
+        within = np.nanmean(np.nanvar(logs, axis=2, ddof=1)) if blocks.shape[2] > 1 else float("nan")
+        between = np.nanmean(np.nanvar(np.nanmean(logs, axis=2), axis=1, ddof=1))
+    return {"rounds": int(rounds), "runs_per_round": int(blocks.shape[2]),
+            "within_round": float(np.sqrt(within)), "between_rounds": float(np.sqrt(between))}
 
 
 def per_round(runs_arr, sim, rounds: int) -> list[dict]:
@@ -179,7 +234,8 @@ def run_model(model: str, size: str, tasks: Path, workdir: Path, n: int, rounds:
     for i, g in enumerate(got):
         runs_arr[i, :len(g)] = g
     np.savez(workdir / f"fidelity_{model}_{size}.npz", placements=np.stack(pls), runs=runs_arr,
-             names=np.array(names), cluster=np.array(str(cluster_json)), costs=np.array(str(costs_json)))
+             names=np.array(names), cluster=np.array(str(cluster_json)), costs=np.array(str(costs_json)),
+             rounds=np.array(rounds))
     rec = grade(model, size, graph, workdir, seed, rounds=rounds)
     rec.update(rounds=rounds, runs_per_round=runs, wall_s=time.perf_counter() - t0)
     return rec
@@ -196,12 +252,21 @@ def _kept(model: str, size: str, workdir: Path):
     return pls, runs_arr, names, json.loads(Path(cluster_json).read_text()), costs_json, cluster_json
 
 
+def _kept_rounds(model: str, size: str, workdir: Path, given: int | None) -> int:
+    """The rounds the kept runs were taken in: recorded beside them (since 2026-12-02), else `given`
+    (`--rounds`), else 3 (every earlier session but `fidelity_data_s3`, which took 5)."""
+    with np.load(workdir / f"fidelity_{model}_{size}.npz", allow_pickle=False) as z:
+        if "rounds" in z.files:
+            return int(z["rounds"])
+    return int(given) if given else 3
+
+
 def _measured(runs_arr) -> np.ndarray:
     return np.array([np.median(r[np.isfinite(r)]) if np.isfinite(r).any() else np.nan for r in runs_arr])
 
 
 def grade(model: str, size: str, graph, workdir: Path, seed: int = 0, shared_speed: float | None = None,
-          cpu_copy: float = 0.0, rounds: int = 3) -> dict:
+          cpu_copy: float = 0.0, rounds: int | None = None) -> dict:
     """Simulate the kept placements with the current simulator and compare with their kept measurements.
     shared_speed: model the tasks' cores as one compute group at that speed (see `chains.py`); cpu_copy: the
     fraction of each transfer's byte time both tasks' cores spend copying (links "cpu_copy"); both written into
@@ -212,6 +277,7 @@ def grade(model: str, size: str, graph, workdir: Path, seed: int = 0, shared_spe
     from placer.sim.simulator import Simulator
 
     pls, runs_arr, names, cluster_obj, costs_json, cluster_json = _kept(model, size, workdir)
+    rounds = _kept_rounds(model, size, workdir, rounds)
     obj = with_machine(cluster_obj, shared_speed if shared_speed is not None else 1.0, cpu_copy)
     simulator = Simulator(graph, cluster_from_dict(obj, cluster_json), CostTable.load(costs_json, graph))
     sim = np.array([simulator.simulate(p).step_time for p in pls], float)
@@ -225,7 +291,7 @@ def grade(model: str, size: str, graph, workdir: Path, seed: int = 0, shared_spe
 
 
 def grade_fitted(models: list[str], size: str, graphs: dict, workdir: Path, how: str, seed: int = 0,
-                 rounds: int = 3) -> list[dict]:
+                 rounds: int | None = None) -> list[dict]:
     """Grade each model with the machine parameters (shared speed, cpu_copy) fitted to OTHER measurements
     (`placer.sim.fit`): `how="models"`: fitted to the other models' placements (leave one model out: the two
     figures are the machine's, not a model's); `how="halves"`: fitted to half of this model's placements,
@@ -237,10 +303,10 @@ def grade_fitted(models: list[str], size: str, graphs: dict, workdir: Path, how:
     for m in models:
         pls, runs_arr, names, cluster_obj, costs_json, cluster_json = _kept(m, size, workdir)
         grid = simulate_grid(graphs[m], cluster_obj, CostTable.load(costs_json, graphs[m]), list(pls))
-        data[m] = (grid, _measured(runs_arr), runs_arr, names, cluster_json)
+        data[m] = (grid, _measured(runs_arr), runs_arr, names, cluster_json, _kept_rounds(m, size, workdir, rounds))
     out = []
     for m in models:
-        grid, meas, runs_arr, names, cluster_json = data[m]
+        grid, meas, runs_arr, names, cluster_json, m_rounds = data[m]
         sim, folds = np.full(len(meas), np.nan), []
         if how == "models":
             others = [k for k in models if k != m]
@@ -262,7 +328,7 @@ def grade_fitted(models: list[str], size: str, graphs: dict, workdir: Path, how:
         out.append(_record(m, size, graphs[m], names, runs_arr, sim,
                            {"shared_speed": None, "cpu_copy": None, "folds": folds,
                             "machine": "fitted to the other models" if how == "models" else "fitted, 2-fold",
-                            "cluster": f"{cluster_json} (+ shared_speed and cpu_copy as fitted)"}, rounds))
+                            "cluster": f"{cluster_json} (+ shared_speed and cpu_copy as fitted)"}, m_rounds))
     return out
 
 
@@ -277,19 +343,23 @@ def _record(model, size, graph, names, runs_arr, sim, extra: dict, rounds: int =
     sim_a = np.array([p["simulated_s"] for p in ok])
     meas_a = np.array([p["measured_s"] for p in ok])
     err = np.abs(sim_a - meas_a) / meas_a
-    half, full = retest_spearman(runs_arr)
+    half, full = retest_spearman(runs_arr, rounds=rounds)
+    _, full_runs = retest_spearman(runs_arr)
     rec = {"model": model, "size": size, "placements": len(ok), "spearman": spearman(sim_a, meas_a),
            "median_abs_err": float(np.median(err)), "p90_abs_err": float(np.percentile(err, 90)),
            "ops": int(graph.num_ops), "measured_range_s": [float(meas_a.min()), float(meas_a.max())],
            "mean_signed_err": float(np.mean((sim_a - meas_a) / meas_a)), "failed": len(points) - len(ok),
-           "retest_spearman_half": half, "retest_spearman": full,
+           "retest_spearman_half": half, "retest_spearman": full, "retest_spearman_runs": full_runs,
+           "round_noise": round_noise(runs_arr, rounds),
            "per_round": per_round(runs_arr, np.asarray(sim, float), rounds), **extra, "points": points}
     how = ("  [" + "; ".join(f"ss {f['shared_speed']:.2f} cc {f['cpu_copy']:.2f} from {len(f['fitted_on'])}"
                              for f in extra["folds"]) + "]") if extra.get("folds") else ""
     print(f"{model}: {len(ok)} placements, spearman {rec['spearman']:.3f}, median |err| "
           f"{rec['median_abs_err']:.1%}, p90 {rec['p90_abs_err']:.1%}, mean signed {rec['mean_signed_err']:+.1%}, "
-          f"measured {meas_a.min() * 1e3:.1f}-{meas_a.max() * 1e3:.1f} ms, retest ρ {full:.3f} (halves {half:.3f}){how}",
-          flush=True)
+          f"measured {meas_a.min() * 1e3:.1f}-{meas_a.max() * 1e3:.1f} ms, retest ρ {full:.3f} (halves {half:.3f}; "
+          f"by runs {full_runs:.3f})"
+          + (f", noise within/between rounds {rn['within_round']:.3f}/{rn['between_rounds']:.3f}"
+             if (rn := rec["round_noise"]) else "") + how, flush=True)
     return rec
 
 
@@ -366,6 +436,15 @@ def section(records: list[dict], command: str, started: str, mach: str, base: li
                     f"{records[0]['machine']}): the tasks' shared speed when both compute, and the fraction of a "
                     "transfer's byte time both tasks' cores spend on its gRPC copy (links `cpu_copy`). "
                     f"Fitted: {fits}.")
+    noise_text = ""
+    if any(r.get("round_noise") for r in records):
+        noise_text = (" Where the noise is (standard deviation of log step time, mean over placements: of a "
+                      "placement's runs within a round / of its round medians; `round_noise`): " + "; ".join(
+                          f"{r['model']} {n['within_round']:.3f} / {n['between_rounds']:.3f}"
+                          if np.isfinite(n["within_round"]) else f"{r['model']} – / {n['between_rounds']:.3f}"
+                          for r in records if (n := r.get("round_noise"))) +
+                      f" ({records[0]['round_noise']['rounds']} rounds of "
+                      f"{records[0]['round_noise']['runs_per_round']} runs)." if records[0].get("round_noise") else ".")
     rounds_text = ""
     if any(r.get("per_round") for r in records):
         rounds_text = (" Each measurement round on its own (the simulator's ρ against that round's medians; the "
@@ -382,9 +461,13 @@ def section(records: list[dict], command: str, started: str, mach: str, base: li
         "the median of its measured runs on two `tf.distribute.Server` tasks pinned to one core each (measured, "
         "runs of all placements interleaved). Errors are |simulated − measured| / measured. "
         "Scatter: `results/fidelity.png`; every point: `results/fidelity.json`. \"Measured vs itself\": how well "
-        "the measurements rank the placements against themselves (each placement's runs split at random into two "
-        "halves, Spearman ρ between the halves' medians, mean of 200 splits, projected to all runs by "
-        "Spearman-Brown; `retest_spearman`): a ceiling on what any simulator can reach." + (f" {note}" if note else "")
+        "the measurements rank the placements against themselves (each placement's measurement rounds split at "
+        "random into two halves, a round's runs kept together, Spearman ρ between the halves' medians, mean of 200 "
+        "splits, projected to all rounds by Spearman-Brown; `retest_spearman`): a ceiling on what any simulator "
+        "can reach. Runs of one round are taken one after another and share the load of that moment, so splitting "
+        "them at random between the halves (the figure before 2026-12-02, `retest_spearman_runs`: " + ", ".join(
+            f"{r['model']} {r['retest_spearman_runs']:.3f}" for r in records
+            if r.get("retest_spearman_runs") is not None) + ") overstates the agreement." + noise_text + (f" {note}" if note else "")
         + (f" The tasks' two cores are one compute group at shared speed {shared:.3f} (two MatMul chains: "
            f"`benchmarks/chains.py`, the measurement `placer calibrate` makes): this VM's two vCPUs slow each "
            f"other down, so a placement split over them gains far less than two independent cores would give."
@@ -402,9 +485,11 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="inception_v3,nmt,rnnlm")
     ap.add_argument("--size", default="small")
     ap.add_argument("--placements", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="measurement rounds (with --resimulate: the rounds the kept runs were taken in)")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rounds", type=int,
+                    help="measurement rounds (default 9; with --resimulate: the rounds the kept runs were taken in, "
+                         "when the kept file does not say: 3)")
+    ap.add_argument("--runs", type=int, help="timed runs per placement per round (default 1: the noise on this VM "
+                                             "is mostly between rounds, `round_noise`)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="/tmp/placer-fidelity")
     ap.add_argument("--no-write", action="store_true", help="print only (no results files)")
@@ -455,7 +540,8 @@ def main(argv=None) -> int:
     else:
         with tf_cluster(workdir) as tasks:
             for m in models:
-                records.append(run_model(m, a.size, tasks, workdir, a.placements, a.rounds, a.runs, a.seed))
+                records.append(run_model(m, a.size, tasks, workdir, a.placements, a.rounds or 9, a.runs or 1,
+                                         a.seed))
     if a.no_write:
         return 0
     out = [{k: v for k, v in r.items()} for r in records]
