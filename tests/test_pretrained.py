@@ -75,6 +75,34 @@ def test_greedy_sample_is_the_teacher_forced_argmax(inception_tiny):
         p.close()
 
 
+def test_zero_shot_only_samples_without_xla_and_draws_what_xla_draws(nmt_tiny):
+    """A zero-shot answer (`run(max_updates=0)`) binds the policy without XLA (one batch does not pay back two
+    compilations); both samplers draw the same placements from the same seed, so the answer is the same."""
+    from placer.problem import build_problem
+    from placer.rl.portable import PortablePolicy, PortableWeights
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+    from placer.search import load_policy, policy_inputs
+
+    w = PortableWeights(32, 16, seed=5)
+    p = build_problem(nmt_tiny, "4xK80", seed=0, baselines=False)
+    try:
+        inputs = policy_inputs(p)
+        drawn = []
+        for jit in (True, False):
+            pol = PortablePolicy(w, inputs, p.allowed, seed=7, explore=0.1, jit=jit)
+            drawn.append((pol.sample(1, greedy=True)[0], pol.sample(9)[0]))
+        assert all((a == b).all() for a, b in zip(*drawn))
+        weights = load_policy("default")
+        cfg = ReinforceConfig(seed=0, portable=True, hidden_size=weights.hidden_size, attn_size=weights.attn_size)
+        s = Search(p.grouping, p.simulator, cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg,
+                   progress=False, tensorboard=False, policy_inputs=lambda: policy_inputs(p), pretrained=weights)
+        s.run(1.0, max_updates=0)
+        assert s.updates == 0 and s.zero_shot["samples"] >= 1 and s.agent.policy._decode_fn._jit_compile is False
+    finally:
+        p.close()
+
+
 def test_save_load_roundtrip_and_bad_files_get_one_line(tmp_path):
     from placer.rl.portable import PortableWeights
 

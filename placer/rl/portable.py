@@ -266,10 +266,11 @@ class PortablePolicy(PolicyCommon, tf.Module):
 
     @classmethod
     def from_config(cls, weights: PortableWeights, inputs: PolicyInputs, allowed: np.ndarray, config,
-                    seed: int | None = None) -> "PortablePolicy":
+                    seed: int | None = None, jit: bool = True) -> "PortablePolicy":
         """Bound with a `ReinforceConfig`'s temperature, tanh clipping and exploration (seed: the config's)."""
         return cls(weights, inputs, allowed, temperature=config.temperature, tanh_constant=config.tanh_constant,
-                   seed=config.seed if seed is None else seed, explore=config.explore_for(inputs.load.shape[0]))
+                   seed=config.seed if seed is None else seed, explore=config.explore_for(inputs.load.shape[0]),
+                   jit=jit)
 
     # ------------------------------------------------------------------ pieces
     def _encoder_inputs(self):

@@ -177,6 +177,9 @@ class Search:
         self.config = config or ReinforceConfig(seed=self.seed)
         self.fingerprint = grouping_fingerprint(grouping)
         self._agent = None
+        # XLA-compile the policy's sampling loop: pays back over a search's updates, not for one zero-shot batch
+        # (`run(max_updates=0)` with a pretrained policy: two compilations, ~2 s, for 64 samples)
+        self._policy_jit = True
         # search state (everything below is checkpointed)
         self.baselines: dict[str, float | None] = {}
         self.baseline_failures: dict[str, str] = {}   # name → why its evaluation failed
@@ -237,7 +240,7 @@ class Search:
                 weights = self.pretrained if self.pretrained is not None else PortableWeights(
                     cfg.hidden_size, cfg.attn_size, cfg.forget_bias, seed=cfg.seed)
                 inputs = self.policy_inputs() if callable(self.policy_inputs) else self.policy_inputs
-                policy = PortablePolicy.from_config(weights, inputs, self.allowed, cfg)
+                policy = PortablePolicy.from_config(weights, inputs, self.allowed, cfg, jit=self._policy_jit)
             self._agent = Reinforce(np.asarray(self.grouping.features, np.float32), self.allowed, self.config,
                                     policy=policy)
         return self._agent
@@ -825,6 +828,8 @@ class Search:
             self.save_checkpoint()
         one_choice = int(self.allowed.sum(axis=1).max()) <= 1     # one allowed device per group
         if self.updates == 0 and not self.imitated and self.pretrained is not None:
+            if max_updates == 0 and self._agent is None:
+                self._policy_jit = False     # one batch of samples: tracing alone beats tracing + XLA compiling
             self._zero_shot()                # the pretrained policy is the start: no baseline imitation
         if self.updates == 0 and not self.imitated and self.config.imitation_steps > 0 \
                 and self.best_placement is not None and not one_choice:
