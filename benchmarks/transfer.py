@@ -8,7 +8,8 @@ For each held-out graph (`placer.pretrain.HELD_OUT` families: inception_v3, gpt,
 - zero-shot: `build_problem(..., baselines=False)` then the policy's zero-shot batch (`search(..., policy=P,
   max_updates=0)`, 64 samples, the best by the simulator): `zero_shot_s` (the policy's own best) and
   `zero_shot_wall_s` (building the problem without baselines + sampling + simulating; what `placer place
-  --no-baselines` costs, graph import excluded: cached);
+  --no-baselines` costs, graph import excluded: cached; TensorFlow is imported before the first graph, as the
+  `placer` command imports it at start, so that no graph's wall includes it);
 - `finetune60_s`: a 60 s search starting from the pretrained policy;
 - `scratch60_s` / `scratch300_s`: 60 s and 300 s searches from scratch (the default search: imitate the best
   grouped baseline, then REINFORCE);
@@ -42,10 +43,10 @@ def parse_graph(spec: str) -> tuple[str, str, str, str]:
     return model, size or "full", cluster, precision or "fp32"
 
 
-def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], seed: int) -> dict:
+def zero_shot(spec: str, policy: str, seed: int) -> tuple[dict, object]:
+    """The zero-shot columns of one graph, as `placer place --no-baselines` computes them; returns (record, graph)."""
     import numpy as np
 
-    from placer.bench import EVAL_POINTS, anneal_record, best_within, evaluate_baselines, policy_curve
     from placer.graphs.models import build_model
     from placer.pretrain import HELD_OUT
     from placer.problem import build_problem
@@ -57,7 +58,6 @@ def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], see
         print(f"warning: {model} is not a held-out family ({', '.join(HELD_OUT)})", file=sys.stderr)
     g = build_model(model, size, precision=precision)
     rec = {"graph": spec, "model": model, "size": size, "cluster": cluster, "precision": precision, "ops": g.num_ops}
-    # zero-shot, as `placer place --no-baselines` does it
     t0 = time.perf_counter()
     bare = build_problem(g, cluster, seed=seed, baselines=False)
     r = search(bare, budget_seconds=1.0, max_updates=0, seed=seed, policy=load_policy(policy),
@@ -66,7 +66,20 @@ def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], see
     rec["zero_shot_s"] = float(r.search_best) if np.isfinite(r.search_best) else None
     rec["zero_shot"] = r.extra.get("zero_shot", {})
     bare.close()
-    print(f"{spec}: zero-shot {rec['zero_shot_s']} s in {rec['zero_shot_wall_s']:.1f} s", flush=True)
+    print(f"{spec}: zero-shot {rec['zero_shot_s']} s in {rec['zero_shot_wall_s']:.1f} s (sampling and simulating "
+          f"{rec['zero_shot'].get('wall_s', float('nan')):.1f} s)", flush=True)
+    return rec, g
+
+
+def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], seed: int) -> dict:
+    import numpy as np
+
+    from placer.bench import EVAL_POINTS, anneal_record, best_within, evaluate_baselines, policy_curve
+    from placer.problem import build_problem
+    from placer.search import load_policy, search
+
+    rec, g = zero_shot(spec, policy, seed)
+    cluster = rec["cluster"]
     # one problem with baselines for the searches
     t0 = time.perf_counter()
     problem = build_problem(g, cluster, seed=seed)
@@ -163,7 +176,16 @@ def main(argv=None) -> int:
     ap.add_argument("--scratch", default="60,300", help="budgets of the searches from scratch (seconds)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--zero-shot-only", action="store_true",
+                    help="only the zero-shot answers (step time and wall), printed; writes nothing")
     a = ap.parse_args(argv)
+    from placer._tf import hide_gpus
+
+    hide_gpus()       # imports TensorFlow, as `placer` does at start: the zero-shot walls do not include it
+    if a.zero_shot_only:
+        for spec in [s for s in a.graphs.split(",") if s]:
+            zero_shot(spec, a.policy, a.seed)
+        return 0
     command = "python benchmarks/transfer.py " + " ".join(argv if argv is not None else sys.argv[1:])
     date, mach = now(), machine()
     from placer.search import load_policy
