@@ -155,13 +155,15 @@ def compute_sharing(tasks, *, rounds: int = 3, runs: int = 3, timeout: float = 6
 
 def calibrate(graph, devices, out_dir: "str | os.PathLike", *, sizes: Sequence[int] = DEFAULT_SIZES,
               link_runs: int = 15, link_warmup: int = 3, profile_runs: int = 5, timeout: float = 600.0,
-              progress=None, fit_placements: int = 0, fit_rounds: int = 2, fit_runs: int = 3) -> dict:
+              progress=None, fit_placements: int = 0, fit_rounds: int = 4, fit_runs: int = 1) -> dict:
     """Profile `graph` and measure the links of `devices` (a tasks file, `cpu:N` or device names); write
     DIR/costs.json and DIR/cluster.json. Returns a summary: {"cluster": path, "costs": path, "links": [{"src",
     "dst", "latency_s", "bandwidth_Bps", "rel_rms"}], "profile_s", "links_s"}.
 
     fit_placements > 0 (TF cluster tasks): also measure that many placements of `graph` (its baselines, all on
-    each task, random ones; `fit_rounds` interleaved rounds of `fit_runs` timed runs) and fit the two machine
+    each task, random ones; `fit_rounds` interleaved rounds of `fit_runs` timed runs: many rounds of one run,
+    since runs taken one after another share the machine's load of that moment, `benchmarks/fidelity.py`'s
+    `round_noise`) and fit the two machine
     figures micro-benchmarks get wrong, the tasks' shared speed and the copy work of a transfer
     (`placer.sim.fit`), into cluster.json; the summary's "machine_fit" says what was fitted, from what."""
     from placer.runtime.profile import profile
@@ -286,7 +288,7 @@ def fit_placements_of(problem, n: int, seed: int = 0) -> list[tuple[str, "np.nda
     return out
 
 
-def fit_to_placements(graph, tasks, cluster_obj: dict, costs_path, n: int, *, rounds: int = 2, runs: int = 3,
+def fit_to_placements(graph, tasks, cluster_obj: dict, costs_path, n: int, *, rounds: int = 4, runs: int = 1,
                       timeout: float = 600.0, seed: int = 0) -> dict:
     """Measure `n` placements on the tasks (interleaved rounds) and fit shared speed and copy work to them."""
     import numpy as np
