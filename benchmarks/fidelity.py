@@ -111,10 +111,12 @@ def retest_spearman(runs_arr, splits: int = 200, seed: int = 0, rounds: int = 1)
     placements better than the measurements agree with themselves.
 
     With `rounds` > 1 (the runs kept round after round, as `measure_interleaved` takes them) the halves are
-    halves of the rounds, a round's runs kept together: runs taken one after another share the machine's load
-    of that moment, so splitting them between the halves would overstate the agreement (on this VM the spread
-    of a placement's round medians is up to twice that of its runs within a round: `round_noise`). With an
-    odd number of rounds the halves differ by one round."""
+    halves of the rounds, the same split for every placement and a round's runs kept together, so that each
+    half holds every placement measured at the same moments (as the full medians do): runs taken one after
+    another share the machine's load of that moment, and splitting them between the halves would overstate the
+    agreement (on this VM the spread of a placement's round medians is up to twice that of its runs within a
+    round: `round_noise`). With an odd number of rounds the halves differ by one round. rounds=1 splits each
+    placement's runs at random on its own (the figure before 2026-12-02)."""
     rng = np.random.default_rng(seed)
     blocks = _round_blocks(runs_arr, rounds) if rounds > 1 else None
     if blocks is not None:
@@ -444,7 +446,9 @@ def section(records: list[dict], command: str, started: str, mach: str, base: li
                           if np.isfinite(n["within_round"]) else f"{r['model']} – / {n['between_rounds']:.3f}"
                           for r in records if (n := r.get("round_noise"))) +
                       f" ({records[0]['round_noise']['rounds']} rounds of "
-                      f"{records[0]['round_noise']['runs_per_round']} runs)." if records[0].get("round_noise") else ".")
+                      f"{records[0]['round_noise']['runs_per_round']} run"
+                      f"{'s' if records[0]['round_noise']['runs_per_round'] > 1 else ''})."
+                      if records[0].get("round_noise") else ".")
     rounds_text = ""
     if any(r.get("per_round") for r in records):
         rounds_text = (" Each measurement round on its own (the simulator's ρ against that round's medians; the "
@@ -461,13 +465,15 @@ def section(records: list[dict], command: str, started: str, mach: str, base: li
         "the median of its measured runs on two `tf.distribute.Server` tasks pinned to one core each (measured, "
         "runs of all placements interleaved). Errors are |simulated − measured| / measured. "
         "Scatter: `results/fidelity.png`; every point: `results/fidelity.json`. \"Measured vs itself\": how well "
-        "the measurements rank the placements against themselves (each placement's measurement rounds split at "
-        "random into two halves, a round's runs kept together, Spearman ρ between the halves' medians, mean of 200 "
-        "splits, projected to all rounds by Spearman-Brown; `retest_spearman`): a ceiling on what any simulator "
-        "can reach. Runs of one round are taken one after another and share the load of that moment, so splitting "
-        "them at random between the halves (the figure before 2026-12-02, `retest_spearman_runs`: " + ", ".join(
+        "the measurements rank the placements against themselves (the measurement rounds split at random into two "
+        "halves, the same split for every placement and a round's runs kept together, Spearman ρ between the "
+        "halves' medians, mean of 200 splits, projected to all rounds by Spearman-Brown; `retest_spearman`): a "
+        "ceiling on what any simulator can reach. The figure before 2026-12-02 split each placement's runs at "
+        "random on its own (`retest_spearman_runs`: " + ", ".join(
             f"{r['model']} {r['retest_spearman_runs']:.3f}" for r in records
-            if r.get("retest_spearman_runs") is not None) + ") overstates the agreement." + noise_text + (f" {note}" if note else "")
+            if r.get("retest_spearman_runs") is not None) + "): with several runs per round it puts runs of one "
+        "round, taken one after another under the same load, in both halves and overstates the agreement; with "
+        "one it compares halves taken at different moments for different placements." + noise_text + (f" {note}" if note else "")
         + (f" The tasks' two cores are one compute group at shared speed {shared:.3f} (two MatMul chains: "
            f"`benchmarks/chains.py`, the measurement `placer calibrate` makes): this VM's two vCPUs slow each "
            f"other down, so a placement split over them gains far less than two independent cores would give."
