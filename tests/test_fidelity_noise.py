@@ -1,7 +1,6 @@
 """benchmarks/fidelity.py: the 'measured vs itself' ceiling keeps a round's runs together, and `round_noise`
 finds where the noise is (within a round or between rounds)."""
 import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,6 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fidelity.py"
 
 @pytest.fixture(scope="module")
 def fidelity():
-    sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("fidelity_script", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -87,6 +87,7 @@ def test_tf_version_key_without_importing_tensorflow(tmp_path):
             "print(v, 'tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PLACER_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
     version, imported = out.stdout.split()
     import tensorflow as tf
 

@@ -178,7 +178,7 @@ class Search:
         self.fingerprint = grouping_fingerprint(grouping)
         self._agent = None
         # XLA-compile the policy's sampling loop: pays back over a search's updates, not for one zero-shot batch
-        # (`run(max_updates=0)` with a pretrained policy: two compilations, ~2 s, for 64 samples)
+        # (`run(max_updates=0)` with a pretrained policy: two compilations, the greedy sample and the batch)
         self._policy_jit = True
         # search state (everything below is checkpointed)
         self.baselines: dict[str, float | None] = {}

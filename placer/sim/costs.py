@@ -170,7 +170,7 @@ class CostTable:
 # =================================================================================================================
 def _tf_version() -> str:
     """The installed TensorFlow's version, for the cost cache's key, without importing TensorFlow when it is not
-    yet imported (that takes seconds and `placer simulate` or a cached zero-shot placement need no TF)."""
+    yet imported (that takes seconds, and `build_problem` on a cached table needs no TensorFlow)."""
     tf = sys.modules.get("tensorflow")
     if tf is not None and getattr(tf, "__version__", None):
         return tf.__version__
