@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -364,3 +365,30 @@ def test_scotch_is_reproducible():
     c = make_cluster(4)
     runs = [rb("scotch", g, c, seed=5) for _ in range(3)]
     assert all((r == runs[0]).all() for r in runs)
+
+
+def test_scotch_maps_alike_on_one_core_and_on_two():
+    """Scotch's deterministic option holds per thread count, and it takes a thread per core the process may use:
+    placer runs it on one thread, so a machine's core count does not change the baseline (before: nmt tiny on
+    4xK80 mapped one way pinned to one core, another on two)."""
+    import subprocess
+    import sys
+
+    if "scotch" not in BASELINES:
+        pytest.skip("pyscotch unavailable")
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    code = ("import os, sys, hashlib; os.sched_setaffinity(0, {%s}); "
+            "from placer.graphs.models import build_model; from placer.sim.cluster import parse_cluster; "
+            "from placer.sim.costs import analytical_costs; from placer.baselines.scotch import scotch_placement; "
+            "g = build_model('nmt', 'tiny'); c = parse_cluster('4xK80'); "
+            "p = scotch_placement(g, c, analytical_costs(g, c).matrix(c), seed=0); "
+            "print(hashlib.md5(p.tobytes()).hexdigest())")
+    outs = []
+    for use in (cores[:1], cores[:2]):
+        r = subprocess.run([sys.executable, "-c", code % ", ".join(map(str, use))], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(r.stdout.split()[-1])
+    assert outs[0] == outs[1]

@@ -2,8 +2,10 @@
 
 Rule: the same contracted graph as `metis` (co-location groups; vertex weight = compute seconds, edge
 weight = bytes; CPU-only groups fixed to the CPU) mapped onto a complete graph of N GPUs with Scotch's
-default mapping strategy (`pyscotch.Graph.partition`, in a deterministic Scotch context seeded with `seed`). Memory is
-re-balanced as in `metis` (PlacementError when the model cannot fit).
+default mapping strategy (`pyscotch.Graph.partition`, in a deterministic Scotch context seeded with `seed` and run
+on one thread: Scotch's "deterministic" option holds for a given thread count, and by default it takes as many
+threads as the process may use cores, so gpt on DGX1 mapped to 0.421 s on two cores and 0.427 s on one). Memory
+is re-balanced as in `metis` (PlacementError when the model cannot fit).
 """
 from __future__ import annotations
 
@@ -26,6 +28,23 @@ def _pyscotch():
 
         pyscotch.get_scotch_dtype()
     return pyscotch, Graph, Context
+
+
+def _one_thread(ctx) -> None:
+    """Run the context's mapping on one thread (`SCOTCH_contextThreadSpawn(ctx, 1, NULL)`), whatever the cores:
+    the same result on every machine. A libscotch without threads (the symbol missing) is one thread already."""
+    import ctypes
+
+    from pyscotch import libscotch as lib
+
+    try:
+        spawn = lib.SCOTCH_contextThreadSpawn
+    except AttributeError:
+        return
+    spawn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    spawn.restype = ctypes.c_int
+    if spawn(ctypes.addressof(ctx._ctx), 1, None) != 0:
+        raise PlacementError("scotch: cannot set the mapping context to one thread")
 
 
 def available() -> bool:
@@ -62,6 +81,7 @@ def scotch_placement(graph: OpGraph, cluster: Cluster, costs=None, seed: int = 0
             ctx.option_set(0, 1)
             ctx.option_set(1, 1)
             ctx.random_seed(int(seed))
+            _one_thread(ctx)
             bound = ctx.bind_graph(sg)
             return np.asarray(bound.partition(k), np.int64)
         except (RuntimeError, ValueError) as e:
