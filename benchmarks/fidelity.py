@@ -19,6 +19,7 @@ Keep the machine otherwise idle while it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import os
@@ -95,6 +96,14 @@ def spearman(a, b) -> float:
     return float(spearmanr(a, b).statistic)
 
 
+@contextlib.contextmanager
+def _nan_quiet():
+    """NaN-aware reductions over all-NaN rows (a placement whose runs failed): NaN, without warnings."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
 def _round_blocks(runs_arr, rounds: int) -> np.ndarray | None:
     """The runs as [placement, round, run in round] (NaN for a failed run), or None when the columns do not split
     into `rounds` equal rounds."""
@@ -125,8 +134,7 @@ def retest_spearman(runs_arr, splits: int = 200, seed: int = 0, rounds: int = 1)
         if len(blocks) < 3:
             return float("nan"), float("nan")
         rs = []
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
+        with _nan_quiet():
             for _ in range(splits):
                 perm = rng.permutation(rounds)
                 a = np.nanmedian(blocks[:, perm[: rounds // 2]].reshape(len(blocks), -1), axis=1)
@@ -162,8 +170,7 @@ def round_noise(runs_arr, rounds: int) -> dict | None:
     blocks = _round_blocks(runs_arr, rounds)
     if blocks is None or rounds < 2:
         return None
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    with _nan_quiet():
         logs = np.log(blocks)
         within = np.nanmean(np.nanvar(logs, axis=2, ddof=1)) if blocks.shape[2] > 1 else float("nan")
         between = np.nanmean(np.nanvar(np.nanmean(logs, axis=2), axis=1, ddof=1))
@@ -177,13 +184,13 @@ def per_round(runs_arr, sim, rounds: int) -> list[dict]:
     medians alone. Load that comes and goes during a measurement shows here: a round whose step times drift
     also re-orders the placements it slows unevenly (split placements lose more to another process than
     one-task ones)."""
-    runs_arr = np.asarray(runs_arr, float)
-    if rounds < 1 or runs_arr.shape[1] % rounds:
+    blocks = _round_blocks(runs_arr, rounds)
+    if blocks is None:
         return []
-    per, out, first = runs_arr.shape[1] // rounds, [], None
+    out, first = [], None
     for k in range(rounds):
         with np.errstate(all="ignore"):
-            med = np.nanmedian(runs_arr[:, k * per:(k + 1) * per], axis=1)
+            med = np.nanmedian(blocks[:, k], axis=1)
         ok = np.isfinite(med) & np.isfinite(sim)
         first = med if first is None else first
         both = ok & np.isfinite(first) & (first > 0)

@@ -179,11 +179,12 @@ def main(argv=None) -> int:
     ap.add_argument("--zero-shot-only", action="store_true",
                     help="only the zero-shot answers (step time and wall), printed; writes nothing")
     a = ap.parse_args(argv)
+    specs = [s for s in a.graphs.split(",") if s]
     from placer._tf import hide_gpus
 
     hide_gpus()       # imports TensorFlow, as `placer` does at start: the zero-shot walls do not include it
     if a.zero_shot_only:
-        for spec in [s for s in a.graphs.split(",") if s]:
+        for spec in specs:
             zero_shot(spec, a.policy, a.seed)
         return 0
     command = "python benchmarks/transfer.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
     info = load_policy(a.policy).info
     scratch = [float(x) for x in a.scratch.split(",") if x]
     recs = []
-    for spec in [s for s in a.graphs.split(",") if s]:
+    for spec in specs:
         recs.append(run_graph(spec, a.policy, a.finetune, scratch, a.seed))
         if not a.no_write:       # after every graph: a killed run keeps what it measured
             write_json(RESULTS / "transfer.json", recs)

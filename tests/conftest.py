@@ -12,3 +12,19 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     d = os.environ.get("PLACER_TEST_CACHE") or str(tmp_path_factory.getbasetemp() / "placer-cache")
     monkeypatch.setenv("PLACER_CACHE_DIR", d)
     yield
+
+
+@pytest.fixture(scope="session")
+def benchmark_script():
+    """Load a script of benchmarks/ as a module: `benchmark_script("fidelity")`."""
+    import importlib.util
+    from pathlib import Path
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"{name}_script", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

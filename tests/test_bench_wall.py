@@ -1,19 +1,12 @@
 """benchmarks/bench_wall.py --table: the published equal-wall table is computed from the records as it says."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_wall.py"
-
 
 @pytest.fixture(scope="module")
-def bench_wall():
-    spec = importlib.util.spec_from_file_location("bench_wall", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench_wall(benchmark_script):
+    return benchmark_script("bench_wall")
 
 
 def _rec(tag, method, seed, best, evals=100, model="nmt", cluster="4xK80"):

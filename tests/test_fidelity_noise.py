@@ -1,20 +1,13 @@
 """benchmarks/fidelity.py: the 'measured vs itself' ceiling keeps a round's runs together, and `round_noise`
 finds where the noise is (within a round or between rounds)."""
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fidelity.py"
-
 
 @pytest.fixture(scope="module")
-def fidelity():
-    spec = importlib.util.spec_from_file_location("fidelity_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def fidelity(benchmark_script):
+    return benchmark_script("fidelity")
 
 
 def _runs(rng, placements=30, rounds=3, per=3, between=0.10, within=0.01):
