@@ -1,13 +1,24 @@
-"""The search process's own TensorFlow stays off the GPUs.
+"""The search process's own TensorFlow stays off the GPUs, and TensorFlow is imported only when it is needed.
 
 The policy, the cost estimate and the simulator run in the search process; the graphs being measured run in
 child processes (`placer.runtime`), which need every GPU's memory. TensorFlow takes most of a GPU's memory as
 soon as its runtime starts on it, so the search process hides the GPUs from its own runtime before that
 happens. The child processes are not affected (they are other processes; no environment variable is changed).
+
+Importing TensorFlow takes ~5 s, and many commands never need it (`placer simulate` on a cached graph, `placer
+cluster down`). `defer_import` hides the GPUs, and mutes TensorFlow's start-up chatter, at the moment anything
+first imports it, so the `placer` command does not import it up front:
+
+    >>> defer_import(quiet=True)    # doctest: +SKIP
+    >>> import tensorflow as tf     # doctest: +SKIP  (GPUs hidden, chatter muted, if and when this runs)
 """
 from __future__ import annotations
 
+import importlib.abc
 import logging
+import os
+import sys
+import tempfile
 
 log = logging.getLogger(__name__)
 _done = False
@@ -30,3 +41,96 @@ def hide_gpus() -> bool:
         return False
     _done = True
     return True
+
+
+def _mute_python_logs() -> None:
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    try:
+        import absl.logging
+
+        absl.logging.set_verbosity(absl.logging.ERROR)
+    except ImportError:
+        pass
+
+
+def _quietly(fn) -> None:
+    """Run fn with file descriptor 2 sent to a temp file (TensorFlow's C++ start-up chatter: CUDA probing on a
+    GPU-less host, absl banners); the chatter is replayed only if fn fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            fn()
+        except BaseException:
+            os.dup2(saved, 2)
+            tmp.seek(0)
+            sys.stderr.write(tmp.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+class _Loader(importlib.abc.Loader):
+    """TensorFlow's own loader, then (after its package has run) the GPUs hidden; quiet when asked."""
+
+    def __init__(self, inner, quiet: bool, hide: bool):
+        self.inner, self.quiet, self.hide = inner, quiet, hide
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        def load():
+            self.inner.exec_module(module)
+            sys.modules.setdefault(module.__name__, module)
+            if self.hide:
+                hide_gpus()
+
+        _quietly(load) if self.quiet else load()
+        if self.quiet:
+            _mute_python_logs()
+            module.get_logger().setLevel(logging.ERROR)
+
+    def __getattr__(self, name):          # the rest of the loader protocol (resources, is_package, ...)
+        return getattr(self.inner, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self, quiet: bool, hide: bool):
+        self.quiet, self.hide = quiet, hide
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        _remove_finder()
+        for finder in sys.meta_path:
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _Loader(spec.loader, self.quiet, self.hide)
+                return spec
+        return None
+
+
+def _remove_finder() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
+
+
+def defer_import(quiet: bool = True, hide: bool = True) -> None:
+    """When TensorFlow is first imported in this process (by anything), hide the GPUs from its runtime
+    (`hide_gpus`) and, with quiet, mute its start-up chatter and Python-level warnings. If it is already
+    imported, do that now."""
+    if quiet:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    if "tensorflow" in sys.modules:
+        if hide:
+            _quietly(hide_gpus) if quiet else hide_gpus()
+        if quiet:
+            _mute_python_logs()
+            sys.modules["tensorflow"].get_logger().setLevel(logging.ERROR)
+        return
+    _remove_finder()
+    sys.meta_path.insert(0, _Finder(quiet, hide))

@@ -256,45 +256,6 @@ def _add_cluster_commands(sub) -> None:
 # ---- end: TF cluster devices and calibration --------------------------------------------------------------------
 
 
-def _quiet_tensorflow(hide_gpus: bool = True) -> None:
-    """Import TensorFlow with its start-up chatter (CUDA probing on a GPU-less host, absl banners) sent to a
-    temp file; the chatter is replayed only if the import itself fails. Python-level TF warnings are muted.
-    hide_gpus: then hide the GPUs from this process's runtime (`placer._tf.hide_gpus`; its CUDA probe is
-    chatter too)."""
-    import os
-    import tempfile
-
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    logging.getLogger("tensorflow").setLevel(logging.ERROR)
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            import tensorflow as tf  # noqa: F401
-
-            if hide_gpus:
-                from placer._tf import hide_gpus as hide
-
-                hide()
-        except Exception:
-            os.dup2(saved, 2)
-            tmp.seek(0)
-            sys.stderr.write(tmp.read().decode(errors="replace"))
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-    tf.get_logger().setLevel(logging.ERROR)
-    try:
-        import absl.logging
-
-        absl.logging.set_verbosity(absl.logging.ERROR)
-    except ImportError:
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -303,15 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         ap.print_help()
         return 0
-    # measurement runs in child processes; this one keeps off the GPUs. A worker's own process never runs
-    # TensorFlow (its measurement children do, and list its devices), so it does not import it: it starts at once
-    if args.command != "worker":
-        if not args.debug:
-            _quiet_tensorflow(hide_gpus=True)
-        else:
-            from placer._tf import hide_gpus
+    # measurement runs in child processes; this one keeps off the GPUs. TensorFlow is imported only when a
+    # command needs it (~5 s): `placer simulate` on a cached graph, `cluster down` and a worker's own process never
+    # do. Whenever it is imported, the GPUs are hidden from this process's runtime first (`placer._tf`)
+    from placer._tf import defer_import
 
-            hide_gpus()
+    defer_import(quiet=not args.debug, hide=True)
     mod, fn = COMMANDS[args.command].split(":")
     from placer.errors import PlacerError
 
