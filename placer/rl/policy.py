@@ -66,6 +66,15 @@ def _lstm_gates(z: tf.Tensor, c: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return c, h
 
 
+def _loop(G: int, step, *state):
+    """The decoders' loop over the groups: `step(t, *state, actions) -> (t + 1, *state, actions)` for t in
+    0..G-1, an explicit `tf.while_loop` (so the tf.functions need no autograph); returns the actions written,
+    int32[G, K]."""
+    out = tf.while_loop(lambda t, *_: t < G, step, (tf.constant(0), *state, tf.TensorArray(tf.int32, size=G)),
+                        maximum_iterations=G)
+    return out[-1].stack()
+
+
 @tf.custom_gradient
 def _lstm_seq(xw: tf.Tensor, c0: tf.Tensor, h0: tf.Tensor, wh: tf.Tensor):
     """An LSTM over a whole sequence with a hand-written backward pass: hs float32[T, B, H] for inputs
@@ -122,11 +131,13 @@ class PolicyCommon:
         """The tf.functions: the decoder loop (XLA-compiled with `jit`), sampling and teacher-forced scoring."""
         G, D = self.num_groups, self.num_devices
         spec_f = tf.TensorSpec([], tf.float32)
-        self._decode_fn = tf.function(self._decode, jit_compile=jit, reduce_retracing=True)
+        # autograph=False: the one loop is an explicit tf.while_loop (`_loop`), so nothing needs converting, and
+        # converting took most of a new policy's first sample (the policy's code and Keras's optimizer, ~1-4 s)
+        self._decode_fn = tf.function(self._decode, jit_compile=jit, reduce_retracing=True, autograph=False)
         self._sample_fn = tf.function(self._sample, input_signature=[tf.TensorSpec([], tf.int32), spec_f,
-                                                                     tf.TensorSpec([], tf.bool)])
+                                                                     tf.TensorSpec([], tf.bool)], autograph=False)
         self._log_probs_fn = tf.function(self._log_probs, input_signature=[
-            tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32), spec_f])
+            tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32), spec_f], autograph=False)
 
     def _encode(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
         """Bi-LSTM over the groups (batch 1: the input is the same for every sample).
@@ -333,11 +344,10 @@ class PlacementPolicy(PolicyCommon, tf.Module):
             w_h = tf.concat([self.dec_wh, self.attn_w2, self.out_w[:H]], -1)    # h → [recurrent, query, logits]
             out_ctx = self.out_w[H:]
             c = tf.tile(c0, [k, 1])
-            h = tf.tile(h0, [k, 1])
-            rec = h @ self.dec_wh
+            rec = tf.tile(h0, [k, 1]) @ self.dec_wh
             prev = tf.fill([k], D)
-            actions = tf.TensorArray(tf.int32, size=G)
-            for t in tf.range(G):
+
+            def step(t, c, rec, prev, actions):
                 row = tf.gather(table, prev)
                 c, h = _lstm_gates(row[:, :4 * H] + rec + enc_w[t][None], c)
                 hw = h @ w_h
@@ -348,9 +358,9 @@ class PlacementPolicy(PolicyCommon, tf.Module):
                 logits += noise_scale * self._noise_std(logits, None) * eps[t] + self.not_allowed[t]
                 a = tf.cast(tf.argmax(logits + gumbel[t], -1), tf.int32)   # Gumbel-max = a categorical sample
                 a = tf.where(explore[t], uniform_a[t], a)
-                actions = actions.write(t, a)
-                prev = a
-            return actions.stack()
+                return t + 1, c, rec, a, actions.write(t, a)
+
+            return _loop(G, step, c, rec, prev)
 
     # ---------------------------------------------------------------- scoring (teacher forcing)
     def _log_softmax(self, hist: tf.Tensor, noise: tf.Tensor, noise_scale) -> tf.Tensor:

@@ -43,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from placer.errors import SearchError
-from placer.rl.policy import _NEG, POLICY_DEVICE, PolicyCommon, _glorot, _lstm_bias, _lstm_gates, _lstm_seq
+from placer.rl.policy import _NEG, POLICY_DEVICE, PolicyCommon, _glorot, _lstm_bias, _lstm_gates, _lstm_seq, _loop
 
 FORMAT = "placer-portable-policy"
 VERSION = 1
@@ -302,14 +302,13 @@ class PortablePolicy(PolicyCommon, tf.Module):
             w_h = tf.concat([w.dec_wh, w.attn_w2, w.out_q[:H]], -1)
             out_ctx = w.out_q[H:]
             c = tf.tile(c0, [k, 1])
-            h = tf.tile(h0, [k, 1])
-            rec = h @ w.dec_wh
+            rec = tf.tile(h0, [k, 1]) @ w.dec_wh
             prev = tf.fill([k], D)
             load = tf.zeros([k, D])
             mem = tf.zeros([k, D])
             inacc = tf.zeros([k, G, D])                 # bytes each group receives from groups already on d
-            actions = tf.TensorArray(tf.int32, size=G)
-            for t in tf.range(G):
+
+            def step(t, c, rec, prev, load, mem, inacc, actions):
                 c, h = _lstm_gates(tf.gather(table, prev) + rec + enc_w[t][None], c)
                 hw = h @ w_h
                 rec, q, qh = hw[:, :4 * H], hw[:, 4 * H:4 * H + A], hw[:, 4 * H + A:]
@@ -323,12 +322,10 @@ class PortablePolicy(PolicyCommon, tf.Module):
                 a = tf.cast(tf.argmax(logits + gumbel[t], -1), tf.int32)
                 a = tf.where(explore[t], uniform_a[t], a)
                 oh = tf.one_hot(a, D)
-                load += oh * self.gload[t]
-                mem += oh * self.gmem[t]
-                inacc += self.adj[t][None, :, None] * oh[:, None, :]
-                actions = actions.write(t, a)
-                prev = a
-            return actions.stack()
+                return (t + 1, c, rec, a, load + oh * self.gload[t], mem + oh * self.gmem[t],
+                        inacc + self.adj[t][None, :, None] * oh[:, None, :], actions.write(t, a))
+
+            return _loop(G, step, c, rec, prev, load, mem, inacc)
 
     # ------------------------------------------------------------------ scoring (teacher forcing)
     def _log_softmax(self, hist, noise, noise_scale):

@@ -175,8 +175,8 @@ class Reinforce:
         G, D = self.policy.num_groups, self.policy.num_devices
         self._train = tf.function(self._train_step, input_signature=[
             tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32),
-            tf.TensorSpec([], tf.float32), tf.TensorSpec([None], tf.float32)])
-        self._imitate_fn = tf.function(self._imitate_step)
+            tf.TensorSpec([], tf.float32), tf.TensorSpec([None], tf.float32)], autograph=False)
+        self._imitate_fn = tf.function(self._imitate_step, autograph=False)
         self._np_rng = np.random.default_rng(cfg.seed + 1)   # perturbed histories (checkpointed)
 
     @property
