@@ -11,7 +11,7 @@ from placer.rl.reinforce import CHEAP_EVALUATIONS, FEW_EVALUATIONS, ReinforceCon
 def test_for_reward_picks_the_settings():
     few, sim = ReinforceConfig.for_reward("measure", seed=3), ReinforceConfig.for_reward("sim", seed=3)
     assert sim == ReinforceConfig(seed=3, **CHEAP_EVALUATIONS) and sim.local_moves > 0
-    assert few.local_moves == 0                  # a local move would be a measurement of seconds
+    assert 0 < few.local_moves < sim.local_moves   # a few: each one is a measurement of seconds
     assert ReinforceConfig.for_reward("sim", local_moves=0) == ReinforceConfig()        # the policy alone
     assert all(getattr(few, k) == v for k, v in FEW_EVALUATIONS.items()) and few.seed == 3
     assert few.num_samples < sim.num_samples and few.elite_steps > sim.elite_steps
@@ -48,9 +48,12 @@ def test_measured_search_samples_few_per_update(tmp_path):
     res, cfg = _run_config(tmp_path, "measure")
     assert cfg["num_samples"] == FEW_EVALUATIONS["num_samples"] and cfg["elite_steps"] == FEW_EVALUATIONS["elite_steps"]
     assert cfg["reuse_evaluations"] is True                  # a measurement is never repeated for the same placement
+    assert cfg["local_moves"] == FEW_EVALUATIONS["local_moves"] > 0
     rows = [r for r in res.history if "update" in r]
-    assert len(rows) == 2 and 0 < rows[1]["evaluations"] - rows[0]["evaluations"] <= FEW_EVALUATIONS["num_samples"]
-    assert rows[1]["evaluations"] - rows[0]["evaluations"] == rows[1]["new"]
+    local = rows[1]["local_evaluations"] - rows[0]["local_evaluations"]
+    assert len(rows) == 2 and 0 < rows[1]["new"] <= FEW_EVALUATIONS["num_samples"]
+    assert 0 < local <= FEW_EVALUATIONS["local_moves"]
+    assert rows[1]["evaluations"] - rows[0]["evaluations"] == rows[1]["new"] + local
     summary = json.loads((tmp_path / "measure" / "summary.json").read_text())
     assert summary["repeats_looked_up"] == res.extra["repeats_looked_up"] == sum(r["drawn"] - r["new"] for r in rows)
 

@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "for the shipped one) instead of imitating a baseline")
     p.add_argument("--local-moves", type=int, metavar="N",
                    help="evaluations of an annealing chain's moves between policy updates (default: 128 with "
-                        "--reward sim, 0 with measure; 0 = the policy alone)")
+                        "--reward sim, 8 with measure; 0 = the policy alone)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _json_flag(p)
 
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-anneal", action="store_true",
                    help="skip the annealing reference per cell (anneal_s, policy_s_at_evals, anneal_s_at_evals)")
     p.add_argument("--local-moves", type=int, metavar="N",
-                   help="local-move evaluations between policy updates (default: 128 with --reward sim, 0 with "
+                   help="local-move evaluations between policy updates (default: 128 with --reward sim, 8 with "
                         "measure; 0 = the policy alone)")
     p.add_argument("--no-progress", action="store_true")
 

@@ -125,16 +125,18 @@ class ReinforceConfig:
 # elite step fits the run's best 4 distinct samples (the cross-entropy method's elite set), not only the best:
 # ahead of annealing in 5 of the 8 K80 cells and behind by at most 1.6%, against 3 and 2.9% with one (RESULTS.md
 # "An elite set"; about even on the mean), for ~3x the wall per update (a set rarely reaches imitation_prob).
+# And 8 local moves per update (an annealing chain's moves from the run's best; about half the evaluations): over
+# seeds 0-5 in all 8 cells, ahead of annealing's mean in 5 and behind in 3 by 0.2-0.6% (the elite set alone:
+# behind by 0.6-1.6%), the mean lead 1.4% against 1.0% (RESULTS.md "An elite set", "Local moves at 1,000").
 FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "baseline_rounds": 2,
-                   "reuse_evaluations": True, "elite_size": 4}
+                   "reuse_evaluations": True, "elite_size": 4, "local_moves": 8}
 
 # Settings for searches whose evaluations cost less than a policy update (simulated rewards, ~1-4 ms against
 # ~0.17 s): between updates, 128 evaluations of an annealing chain that the policy's new bests restart (local
 # moves; Search._local_moves). At equal wall time (120 s, the 8 K80 cells, 3 seeds; RESULTS.md "At equal wall
 # time") the policy alone was 1.3-7.8% behind annealing in 5 of 8 cells (it evaluates 2-8x fewer placements);
 # with the chain it is within 1% of annealing's mean in all 8 (3 seeds; 6-9 in the 4-K80 cells). 512 moves and
-# elite_steps 1 were no better on nmt 4xK80 (6 seeds). Measured searches keep 0: there a move is a measurement of
-# seconds.
+# elite_steps 1 were no better on nmt 4xK80 (6 seeds). Measured searches make 8 (FEW_EVALUATIONS).
 CHEAP_EVALUATIONS = {"local_moves": 128}
 
 
