@@ -84,7 +84,6 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module):
         def load():
             self.inner.exec_module(module)
-            sys.modules.setdefault(module.__name__, module)
             if self.hide:
                 hide_gpus()
 
