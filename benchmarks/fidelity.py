@@ -7,8 +7,8 @@ of this machine (issue 12, item 3).
 For each model: start `placer cluster up --tasks 2` (two `tf.distribute.Server` tasks on 127.0.0.1, one core
 each), `placer calibrate` the simulator to it (per-op costs profiled on task 0, link latency and bandwidth from a
 tensor ping-pong), then take at least `--placements` distinct placements: every baseline, round_robin, single
-on each task, random ones, and samples spread over a simulated search. Each is simulated by the calibrated
-simulator and measured on the cluster: `--rounds` rounds (9), each measuring every placement in turn (`--runs`
+on each task, random ones, and samples from the first 40% of a simulated search (60 updates). Each is
+simulated by the calibrated simulator and measured on the cluster: `--rounds` rounds (9), each measuring every placement in turn (`--runs`
 timed runs after one warm-up, 1), so load drift hits all placements alike; the measured step time is the median
 of all its runs. Many rounds of one run, not a few rounds of several: runs taken one after another share the
 VM's load of that moment, and in the sessions kept here a placement's round medians spread up to twice as much
@@ -81,7 +81,9 @@ def choose_placements(problem, n: int, seed: int = 0, search_updates: int = 60) 
     samples = rec.seen[len(problem.baselines):]
     need = max(0, n - len(out))
     if samples and need:
-        # spread over the search (in the order it sampled them) and over the simulated times it saw
+        # evenly spaced, in the order the search sampled them, over 4x as many points as needed; the first
+        # distinct ones are taken, so the samples come from about the first 40% of the search's samples,
+        # before it converges (every kept session's placements were chosen this way)
         idx = np.unique(np.linspace(0, len(samples) - 1, num=4 * need).astype(int))
         for i in idx:
             if len(out) >= n + need // 2:
