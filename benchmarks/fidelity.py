@@ -7,13 +7,14 @@ of this machine (issue 12, item 3).
 For each model: start `placer cluster up --tasks 2` (two `tf.distribute.Server` tasks on 127.0.0.1, one core
 each), `placer calibrate` the simulator to it (per-op costs profiled on task 0, link latency and bandwidth from a
 tensor ping-pong), then take at least `--placements` distinct placements: every baseline, round_robin, single
-on each task, random ones, and samples from the first 40% of a simulated search (60 updates). Each is
-simulated by the calibrated simulator and measured on the cluster: `--rounds` rounds (9), each measuring every
-placement in turn (`--runs` timed runs after one warm-up, 1), so load drift hits all placements alike; the measured step time is the median
-of all its runs. Many rounds of one run, not a few rounds of several: runs taken one after another share the
-VM's load of that moment, and in the sessions kept here a placement's round medians spread up to twice as much
-as its runs within a round (`round_noise`). Writes results/fidelity.json (one object per model: model, placements, spearman, median_abs_err,
-p90_abs_err, and every point), results/fidelity.png and the section "Simulator vs real" of RESULTS.md.
+on each task, random ones, and samples from the first 40% of a simulated search (60 updates). Each is simulated by
+the calibrated simulator and measured on the cluster: `--rounds` rounds (9), each measuring every placement in turn
+(`--runs` timed runs after one warm-up, 1), so load drift hits all placements alike; the measured step time is the
+median of all its runs. Many rounds of one run, not a few rounds of several: runs taken one after another share the
+VM's load of that moment, and in the sessions kept here a placement's round medians spread up to twice as much as
+its runs within a round (`round_noise`). Writes results/fidelity.json (one object per model: model, placements,
+spearman, median_abs_err, p90_abs_err, and every point), results/fidelity.png and the section "Simulator vs real" of
+RESULTS.md.
 Keep the machine otherwise idle while it runs.
 """
 from __future__ import annotations
