@@ -196,6 +196,39 @@ def test_search_from_a_policy_fine_tunes_and_resumes(tmp_path, nmt_tiny):
         p.close()
 
 
+def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines(nmt_tiny):
+    """A fine-tune keeps the pretrained policy (no imitation) but its run starts where a search from scratch
+    starts when that is better: the best grouped baseline becomes the elite and the restart point."""
+    from placer.problem import build_problem
+    from placer.rl.portable import PortableWeights
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+    from placer.search import policy_inputs
+
+    w = PortableWeights(32, 16, seed=0)          # untrained: its zero-shot samples are poor
+    p = build_problem(nmt_tiny, "3xK80", seed=0)
+    try:
+        cfg = ReinforceConfig(seed=0, portable=True, hidden_size=32, attn_size=16, num_samples=4,
+                              zero_shot_samples=4)
+        s = Search(p.grouping, p.simulator, cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg,
+                   baselines=p.baselines, progress=False, tensorboard=False,
+                   policy_inputs=lambda: policy_inputs(p), pretrained=w)
+        s.run(60.0, max_updates=1)
+        grouped = [t for t in s.grouped_times.values() if t is not None]
+        assert grouped and s.imitated == "pretrained"
+        assert s.elite_time <= min(min(grouped), s.zero_shot["best_s"])
+        if min(grouped) < s.zero_shot["best_s"]:
+            assert s.zero_shot["start"].endswith("(grouped)") and s.start_groups is not None
+        # a zero-shot answer alone evaluates no grouped baseline (it must return in seconds)
+        s0 = Search(p.grouping, p.simulator, cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg,
+                    baselines=p.baselines, progress=False, tensorboard=False,
+                    policy_inputs=lambda: policy_inputs(p), pretrained=w)
+        s0.run(1.0, max_updates=0)
+        assert s0.grouped_times == {} and "start" not in s0.zero_shot
+    finally:
+        p.close()
+
+
 @pytest.mark.slow     # ~12 s: builds and trains on two problems (make test-slow)
 def test_pretrain_writes_a_policy_that_loads(tmp_path):
     from placer.pretrain import CorpusItem, pretrain

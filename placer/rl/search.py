@@ -524,14 +524,14 @@ class Search:
             out[n] = replace(o, step_time=float(np.median(runs[n])), runs=tuple(runs[n])) if o.ok and runs[n] else o
         return [out[first[n]] for n in names]
 
-    def _warm_start(self) -> None:
-        """Imitate a baseline before learning. The policy places groups, so each working baseline is first
-        turned into its group-level version (majority device per group, CPU-only groups on the CPU), those
-        are evaluated in one batch, and the best that fits in memory is imitated (none fits: cold start)."""
+    def _grouped_baselines(self):
+        """Each working baseline turned into its group-level version (majority device per group, CPU-only groups
+        on the CPU), evaluated in one batch. Returns (names, group placements, outcomes, index of the best that
+        fits in memory, or of the least bad), or None without baselines."""
         names, targets = grouped_baselines(self.baseline_placements, self.baselines, self.grouping.op_group,
                                            self.grouping.num_groups, self.allowed)
         if not names:
-            return
+            return None
         placements = [self.grouping.expand(t, self.cpu_index) for t in targets]
         outcomes = self.evaluator.evaluate(placements)
         self.evaluations += len(placements)
@@ -540,10 +540,18 @@ class Search:
         if self.cache is not None:
             for t, o, c in zip(targets, outcomes, charged):
                 self.cache.put(t, o, c)
-        k = int(np.argmin(charged))
         for n, p, o in zip(names, placements, outcomes):
             if o.ok:
                 self._consider(p, o.step_time, f"{n} (grouped)")
+        return names, targets, outcomes, int(np.argmin(charged))
+
+    def _warm_start(self) -> None:
+        """Imitate a baseline before learning: the best grouped baseline (`_grouped_baselines`) that fits in
+        memory (none fits: cold start)."""
+        grouped = self._grouped_baselines()
+        if grouped is None:
+            return
+        names, targets, outcomes, k = grouped
         best_op_level = min(t for t in self.baselines.values() if t is not None)
         tol = self.config.warm_start_tolerance
         if not outcomes[k].ok or (tol is not None and outcomes[k].step_time > (1.0 + tol) * best_op_level):
@@ -559,6 +567,27 @@ class Search:
         self.start_groups = targets[k].copy()
         log.info("warm start: imitated %s at group level (%.4g s) in %d steps (per-group prob %.3f)", names[k],
                  outcomes[k].step_time, info["imitation_steps"], info["imitation_prob"])
+        self.save_checkpoint()
+
+    def _pretrained_start(self) -> None:
+        """A fine-tune from a pretrained policy keeps the policy (no imitation), but its run starts from the
+        better of the zero-shot best and the best grouped baseline, as a search from scratch does: when a grouped
+        baseline fits and is faster, it becomes the elite (which the elite steps fit a few Adam steps at a time,
+        and the local moves' chain starts from) and the restart point. It is not the policy's own best: that
+        stays what the policy samples and the local moves find."""
+        grouped = self._grouped_baselines()
+        if grouped is None:
+            return
+        names, targets, outcomes, k = grouped
+        if not outcomes[k].ok or not outcomes[k].step_time < self.elite_time:
+            return
+        g = np.asarray(targets[k], np.int32)
+        self.elite_time, self.elite_groups, self.start_groups = float(outcomes[k].step_time), g.copy(), g.copy()
+        if self.config.elite_size > 1:
+            self._update_elite_set(g[None], np.array([self.elite_time]), np.array([True]))
+        self.zero_shot["start"] = f"{names[k]} (grouped)"
+        log.info("fine-tune starts from %s at group level (%.4g s; zero-shot best %s)", names[k], self.elite_time,
+                 self.zero_shot.get("best_s"))
         self.save_checkpoint()
 
     def _zero_shot(self) -> None:
@@ -831,6 +860,9 @@ class Search:
             if max_updates == 0 and self._agent is None:
                 self._policy_jit = False     # one batch of samples: tracing alone beats tracing + XLA compiling
             self._zero_shot()                # the pretrained policy is the start: no baseline imitation
+            if max_updates != 0 and self.config.imitation_steps > 0 and self.best_placement is not None \
+                    and not one_choice:
+                self._pretrained_start()
         if self.updates == 0 and not self.imitated and self.config.imitation_steps > 0 \
                 and self.best_placement is not None and not one_choice:
             self._warm_start()
