@@ -182,7 +182,8 @@ def main(argv=None) -> int:
     specs = [s for s in a.graphs.split(",") if s]
     from placer._tf import hide_gpus
 
-    hide_gpus()       # imports TensorFlow, as `placer` does at start: the zero-shot walls do not include it
+    hide_gpus()       # imports TensorFlow first, so no graph's zero-shot wall includes it (nor does `placer place`'s
+    #                   place_wall_s: its imports load TensorFlow before the timed part)
     if a.zero_shot_only:
         for spec in specs:
             zero_shot(spec, a.policy, a.seed)
