@@ -7,10 +7,11 @@ happens. The child processes are not affected (they are other processes; no envi
 
 Importing TensorFlow takes ~5 s, and many commands never need it (`placer simulate` on a cached graph, `placer
 cluster down`). `defer_import` hides the GPUs, and mutes TensorFlow's start-up chatter, at the moment anything
-first imports it, so the `placer` command does not import it up front:
+first imports it, so the `placer` command does not import it up front (below, the GPUs are hidden and the
+chatter muted if and when the import runs):
 
     >>> defer_import(quiet=True)    # doctest: +SKIP
-    >>> import tensorflow as tf     # doctest: +SKIP  (GPUs hidden, chatter muted, if and when this runs)
+    >>> import tensorflow as tf     # doctest: +SKIP
 """
 from __future__ import annotations
 
