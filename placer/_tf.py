@@ -83,6 +83,8 @@ class _Loader(importlib.abc.Loader):
         return self.inner.create_module(spec)
 
     def exec_module(self, module):
+        _remove_finder()            # TensorFlow is being imported now: the hook has done its work
+
         def load():
             self.inner.exec_module(module)
             if self.hide:
@@ -104,8 +106,9 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != "tensorflow":
             return None
-        _remove_finder()
-        for finder in sys.meta_path:
+        # the hook stays until TensorFlow is really imported: `importlib.util.find_spec("tensorflow")` (a library
+        # asking whether TensorFlow is there) must not use it up
+        for finder in [f for f in sys.meta_path if not isinstance(f, _Finder)]:
             spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
             if spec is not None:
                 if spec.loader is not None:

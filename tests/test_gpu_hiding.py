@@ -62,6 +62,8 @@ LAZY_CHILD = textwrap.dedent("""
     if sys.argv[1] == "fake":
         _tf.hide_gpus = lambda: hidden.append("tensorflow" in sys.modules) or True
     _tf.defer_import(quiet=True, hide=True)
+    import importlib.util
+    assert importlib.util.find_spec("tensorflow") is not None     # asking whether TF is there keeps the hook
     before = "tensorflow" in sys.modules
     from tensorflow.core.framework import graph_pb2   # a submodule first: the package's import is the one hooked
     import tensorflow as tf
