@@ -44,7 +44,13 @@ def hide_gpus() -> bool:
     return True
 
 
-def _mute_python_logs() -> None:
+def _after_import(quiet: bool, hide: bool) -> None:
+    """Once TensorFlow is imported: hide the GPUs (its CUDA probe quiet too) and, with quiet, mute its Python-level
+    warnings (`tf.get_logger()` is the "tensorflow" logger) and absl's."""
+    if hide:
+        _quietly(hide_gpus) if quiet else hide_gpus()
+    if not quiet:
+        return
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
     try:
         import absl.logging
@@ -84,16 +90,11 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module):
         _remove_finder()            # TensorFlow is being imported now: the hook has done its work
-
-        def load():
-            self.inner.exec_module(module)
-            if self.hide:
-                hide_gpus()
-
-        _quietly(load) if self.quiet else load()
         if self.quiet:
-            _mute_python_logs()
-            module.get_logger().setLevel(logging.ERROR)
+            _quietly(lambda: self.inner.exec_module(module))
+        else:
+            self.inner.exec_module(module)
+        _after_import(self.quiet, self.hide)
 
     def __getattr__(self, name):          # the rest of the loader protocol (resources, is_package, ...)
         return getattr(self.inner, name)
@@ -129,11 +130,7 @@ def defer_import(quiet: bool = True, hide: bool = True) -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     if "tensorflow" in sys.modules:
-        if hide:
-            _quietly(hide_gpus) if quiet else hide_gpus()
-        if quiet:
-            _mute_python_logs()
-            sys.modules["tensorflow"].get_logger().setLevel(logging.ERROR)
+        _after_import(quiet, hide)
         return
     _remove_finder()
     sys.meta_path.insert(0, _Finder(quiet, hide))

@@ -4,6 +4,7 @@ calls are replaced by a fake machine with two GPUs, in a child interpreter."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -83,7 +84,7 @@ def test_deferred_import_hides_gpus_when_tensorflow_is_first_imported():
 def test_deferred_import_is_quiet():
     """The real hiding on this GPU-less host probes CUDA (`cuInit` fails): that chatter, and TensorFlow's own
     start-up lines, stay out of the user's terminal."""
-    env = {k: v for k, v in __import__("os").environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     r = subprocess.run([sys.executable, "-c", LAZY_CHILD, "real"], capture_output=True, text=True, timeout=300,
                        env=env)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -101,7 +102,7 @@ SIMULATE_CHILD = textwrap.dedent("""
 
 
 def test_simulate_on_a_cached_graph_does_not_import_tensorflow(tmp_path):
-    env = dict(__import__("os").environ, PLACER_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, PLACER_CACHE_DIR=str(tmp_path))
     runs = []
     for _ in range(2):     # the first builds the graph (TensorFlow), the second finds it in the cache
         r = subprocess.run([sys.executable, "-c", SIMULATE_CHILD], capture_output=True, text=True, timeout=300,
