@@ -37,16 +37,21 @@ HELD_OUT = ("inception_v3", "gpt", "clip")
 
 @dataclass(frozen=True)
 class CorpusItem:
-    model: str                 # a built-in model name, or "random" (random_stack with `seed`)
+    model: str                 # a built-in model name, "random" (random_stack with `seed`) or "towers"
     cluster: str
     size: str = "full"
-    seed: int = 0              # random_stack's seed
+    seed: int = 0              # random_stack's / random_towers' seed
     batch_size: int | None = None
+    precision: str = "fp32"    # random stacks and towers only (Keras mixed-precision policy)
 
     @property
     def name(self) -> str:
-        g = f"random_{self.seed}" if self.model == "random" else f"{self.model}_{self.size}"
-        return f"{g}{'' if self.batch_size is None else f'_b{self.batch_size}'}@{self.cluster}"
+        g = f"{self.model}_{self.seed}" if self.model in GENERATED else f"{self.model}_{self.size}"
+        return (f"{g}{'' if self.batch_size is None else f'_b{self.batch_size}'}@{self.cluster}"
+                f"{'' if self.precision == 'fp32' else ':' + self.precision}")
+
+
+GENERATED = ("random", "towers")   # corpus models drawn by `placer.graphs.models.random_stack`
 
 
 def default_corpus() -> list[CorpusItem]:
@@ -59,20 +64,35 @@ def default_corpus() -> list[CorpusItem]:
     return items
 
 
+def wide_corpus() -> list[CorpusItem]:
+    """`default_corpus` and 12 more: eight random multi-input tower models (`random_stack.build_random_towers`,
+    seeds 0-7) and four random stacks (seeds 12-15) in fp16, on the DGX-1 topology (NVLink, fp16 on tensor cores)
+    and the K80 / V100 presets. Still none of the held-out families."""
+    towers = ("DGX1:fp16", "4xV100", "8xV100:fp16", "2xK80", "4xK80", "DGX1", "3xV100:fp16", "6xK80")
+    items = default_corpus()
+    for s, spec in enumerate(towers):
+        cluster, _, precision = spec.partition(":")
+        items.append(CorpusItem("towers", cluster, seed=s, precision=precision or "fp32"))
+    items += [CorpusItem("random", c, seed=s, precision="fp16")
+              for s, c in zip(range(12, 16), ("DGX1", "8xV100", "DGX1", "4xV100"))]
+    return items
+
+
 def quick_corpus() -> list[CorpusItem]:
     """Three tiny problems (tests)."""
     return [CorpusItem("rnnlm", "2xK80", "tiny"), CorpusItem("nmt", "4xK80", "tiny"),
             CorpusItem("random", "3xV100", seed=2)]
 
 
-CORPORA = {"default": default_corpus, "quick": quick_corpus}
+CORPORA = {"default": default_corpus, "wide": wide_corpus, "quick": quick_corpus}
 
 
 def build_graph(item: CorpusItem):
-    if item.model == "random":
-        from placer.graphs.models.random_stack import build_random_stack
+    if item.model in GENERATED:
+        from placer.graphs.models.random_stack import build_random_stack, build_random_towers
 
-        return build_random_stack(item.seed, item.batch_size)
+        build = build_random_stack if item.model == "random" else build_random_towers
+        return build(item.seed, item.batch_size, precision=item.precision)
     from placer.graphs.models import build_model
 
     return build_model(item.model, item.size, item.batch_size)
@@ -233,4 +253,4 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
     return info
 
 
-__all__ = ["CorpusItem", "HELD_OUT", "default_corpus", "pretrain", "quick_corpus"]
+__all__ = ["CorpusItem", "HELD_OUT", "default_corpus", "pretrain", "quick_corpus", "wide_corpus"]

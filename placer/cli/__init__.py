@@ -209,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="policy directory to write (policy.npz, policy.json)")
     p.add_argument("--budget", type=float, default=1800.0, help="training seconds (default 1800; building the "
                                                                  "corpus comes on top)")
-    p.add_argument("--corpus", default="default", help="default (LSTM families + random Keras stacks) or quick")
+    p.add_argument("--corpus", default="default", help="default (LSTM families + random Keras stacks), wide (default + "
+                   "random multi-input tower models and fp16 stacks, DGX-1 among the clusters) or quick")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     _json_flag(p)

@@ -193,7 +193,7 @@ def run_place(args) -> int:
 
 
 def run_pretrain(args) -> int:
-    """`placer pretrain --out DIR [--budget S] [--corpus default|quick]`."""
+    """`placer pretrain --out DIR [--budget S] [--corpus default|wide|quick]`."""
     from placer.pretrain import pretrain
 
     info = pretrain(args.out, budget_seconds=float(args.budget), corpus=args.corpus, seed=int(args.seed),
