@@ -241,3 +241,32 @@ def test_pretrain_writes_a_policy_that_loads(tmp_path):
     w = PortableWeights.load(tmp_path / "p")
     assert w.hidden_size == 16 and w.info["budget_s"] == 4
     assert all(np.isfinite(v["greedy_over_best_baseline"]) for v in info["per_problem"].values())
+
+
+def test_random_towers_are_independent_until_the_merge():
+    """A random tower model (the `wide` corpus) has side-by-side towers: in the forward pass no tower's op feeds
+    another tower's op (they meet only at the merge), and `precision` builds it under the fp16 policy."""
+    import networkx as nx
+
+    from placer.graphs.models.random_stack import build_random_towers, describe_towers
+    from placer.pretrain import HELD_OUT, wide_corpus
+
+    seed = 7                                  # the smallest of seeds 0-7: two towers, ~2,900 ops
+    g = build_random_towers(seed, precision="fp16")
+    n = len(describe_towers(seed)["towers"])
+    assert n >= 2 and g.precision == "fp16"
+    assert any(t == "Cast" for t in g.types), "an fp16 model casts its fp32 variables"
+    fwd = f"towers_{seed}_1/"
+    dg = nx.DiGraph((int(a), int(b)) for a, b in zip(g.edge_src, g.edge_dst))
+    towers = [{i for i, nm in enumerate(g.names) if nm.startswith(f"{fwd}tower_{t}_")} for t in range(n)]
+    merge = {i for i, nm in enumerate(g.names) if nm.startswith(f"{fwd}merge")}
+    assert all(towers) and merge
+    for t in range(n):
+        reach = set().union(*(nx.descendants(dg, i) for i in towers[t] if i in dg))
+        assert reach & merge, f"tower {t} does not reach the merge"
+        for u in range(n):
+            if u != t:
+                assert not reach & towers[u], f"tower {t} feeds tower {u} before the merge"
+    names = [c.name for c in wide_corpus()]
+    assert len(set(names)) == len(names) and "towers_0@DGX1:fp16" in names
+    assert not any(nm.startswith(HELD_OUT) for nm in names)
