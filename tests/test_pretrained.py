@@ -225,6 +225,10 @@ def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines
                     policy_inputs=lambda: policy_inputs(p), pretrained=w)
         s0.run(1.0, max_updates=0)
         assert s0.grouped_times == {} and "start" not in s0.zero_shot
+        # fine-tuned afterwards (or resumed between the zero-shot batch and the grouped start): it starts there too
+        s0.run(60.0, max_updates=1)
+        assert s0.updates == 1 and s0.grouped_times == s.grouped_times
+        assert s0.elite_time <= min(min(grouped), s0.zero_shot["best_s"])
     finally:
         p.close()
 
