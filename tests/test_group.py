@@ -140,3 +140,35 @@ def test_split_never_breaks_a_colocation_group():
     co = np.asarray(g.colocation)
     for c in np.unique(co):
         assert len(np.unique(gr.op_group[co == c])) == 1
+
+
+def test_unscoped_gradient_sums_stay_with_their_layer():
+    """TF's gradient sums (`AddN_k` at the top level, `gradients/AddN_k` in TF1) have no scope of their own: each
+    joins the layer its heaviest input comes from, so a layer's gradient never crosses devices to be summed.
+    (They once formed a group of their own: on CLIP, 80 MB per layer crossed to it and back.)"""
+    from placer.graphs.group import anchors
+
+    L, big, MB = 4, 1e10, 80 * 2**20
+    ops, edges = [], []
+    for i in range(L):
+        ops += [(f"m/layer_{i}/MatMul", "MatMul", MB, 0, big), (f"m/layer_{i}/Gelu", "Gelu", MB, 0, big / 10)]
+        edges += [(f"m/layer_{i}/MatMul", f"m/layer_{i}/Gelu")]
+        if i:
+            edges.append((f"m/layer_{i - 1}/Gelu", f"m/layer_{i}/MatMul"))
+    prev = f"m/layer_{L - 1}/Gelu"
+    for i in reversed(range(L)):                  # backward: two gradient paths per layer, summed by AddN_i
+        a, b = f"gradient_tape/m/layer_{i}/Gelu/mul", f"gradient_tape/m/layer_{i}/Gelu/Neg"
+        ops += [(a, "Mul", MB, 0, big / 10), (b, "Neg", MB, 0, big / 10), (f"AddN_{i}", "AddN", MB, 0, big / 5),
+                (f"gradient_tape/m/layer_{i}/MatMul/MatMul_1", "MatMul", MB, 0, big)]
+        edges += [(prev, a), (prev, b), (f"m/layer_{i}/Gelu", a), (a, f"AddN_{i}"), (b, f"AddN_{i}"),
+                  (f"AddN_{i}", f"gradient_tape/m/layer_{i}/MatMul/MatMul_1")]
+        prev = f"gradient_tape/m/layer_{i}/MatMul/MatMul_1"
+    g = OpGraph.build(ops, edges)
+    _, scopes = anchors(g)
+    for i in range(L):
+        assert scopes[g.names.index(f"AddN_{i}")] == ["m", f"layer_{i}"]
+    gr = group(g, L)
+    grp = dict(zip(g.names, gr.op_group.tolist()))
+    assert gr.num_groups == L
+    for i in range(L):
+        assert grp[f"AddN_{i}"] == grp[f"m/layer_{i}/MatMul"] == grp[f"gradient_tape/m/layer_{i}/Gelu/mul"]

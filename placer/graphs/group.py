@@ -9,7 +9,8 @@ Steps, in order; no step ever splits a co-location group:
      most bytes with;
   4. cluster along the *forward* order within name scopes: every op gets an anchor (a gradient op
      `gradients/<op>_grad/...` or `gradient_tape/<op>/...` is anchored at its forward op `<op>`, an optimizer
-     update `Adam/update_<var>/...` at `<var>`, any other op at itself) and a scope (the anchor's name scope
+     update `Adam/update_<var>/...` at `<var>`, an op with no scope of its own, such as a gradient sum
+     `AddN_8`, at its heaviest input's anchor, any other op at itself) and a scope (the anchor's name scope
      cut at depth d, d the deepest level with at most G significant scopes: `encoder/layer_0`, `softmax`...);
      each significant scope gets a share of the G groups in proportion to its compute (≥ 1), and its units,
      sorted by their anchors' topological position, are cut into that many contiguous runs of balanced
@@ -83,6 +84,21 @@ def anchors(graph: OpGraph) -> tuple[np.ndarray, list[list[str]]]:
                     path = graph.names[j]
                     break
         scopes.append(path.split("/")[:-1])
+    # an op with no scope of its own (a top-level `AddN_8` summing a layer's gradient contributions, TF1's
+    # `gradients/AddN_3`) belongs where its heaviest input comes from: in topological order, it takes that
+    # producer's anchor and scope, so a layer's gradient sums stay in the layer's groups
+    src, dst = graph.edge_src, graph.edge_dst
+    if len(src):
+        ebytes = graph.tensor_bytes[graph.edge_tensor]
+        order = np.lexsort((-ebytes, dst))             # each op's in-edges, heaviest first
+        first = np.full(graph.num_ops, -1, np.int64)
+        d_sorted = dst[order]
+        starts = np.flatnonzero(np.r_[True, d_sorted[1:] != d_sorted[:-1]])
+        first[d_sorted[starts]] = src[order[starts]]
+        for i in range(graph.num_ops):
+            j = int(first[i])
+            if j >= 0 and not scopes[i] and anchor[i] == i:
+                anchor[i], scopes[i] = anchor[j], scopes[j]
     return anchor, scopes
 
 
