@@ -71,3 +71,15 @@ def write_json(path: Path, obj) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(obj, indent=1))
     os.replace(tmp, path)
+
+
+def placer_commit() -> str | None:
+    """The commit of the `placer` package imported (PYTHONPATH may point at another checkout)."""
+    import placer
+
+    try:
+        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                           cwd=Path(placer.__file__).resolve().parent)
+        return r.stdout.strip() or None
+    except OSError:
+        return None

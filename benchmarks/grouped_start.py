@@ -14,27 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cluster import RESULTS, machine, now  # noqa: E402
+from _cluster import RESULTS, machine, now, placer_commit as commit  # noqa: E402
 
 GRAPHS = ("clip@DGX1:fp16", "gpt@DGX1:fp16", "inception_v3@4xK80", "nmt4@4xK80", "nmt@4xK80", "rnnlm@2xK80")
-
-
-def commit() -> str | None:
-    """The commit of the `placer` package imported (PYTHONPATH may point at another checkout)."""
-    import placer
-
-    try:
-        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                           cwd=Path(placer.__file__).resolve().parent)
-        return r.stdout.strip() or None
-    except OSError:
-        return None
 
 
 def graph_record(spec: str) -> dict:

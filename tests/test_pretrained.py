@@ -186,19 +186,19 @@ def test_search_from_a_policy_fine_tunes_and_resumes(tmp_path, nmt_tiny):
     w = PortableWeights(32, 16, seed=0)
     p = build_problem(nmt_tiny, "3xK80", seed=0)
     try:
-        r = search(p, budget_seconds=60, max_updates=2, policy=w, out_dir=tmp_path / "run",
+        r = search(p, budget_seconds=600, max_updates=2, policy=w, out_dir=tmp_path / "run",
                    config=ReinforceConfig(num_samples=4, zero_shot_samples=8))
         assert r.extra["updates"] == 2 and r.extra["zero_shot"]["samples"] == 8
         assert r.extra["config"]["portable"] is True
-        r2 = search(p, budget_seconds=60, max_updates=4, out_dir=tmp_path / "run", resume=True)
+        r2 = search(p, budget_seconds=600, max_updates=4, out_dir=tmp_path / "run", resume=True)
         assert r2.extra["updates"] == 4 and r2.search_best <= r.search_best
     finally:
         p.close()
 
 
 def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines(nmt_tiny):
-    """A fine-tune keeps the pretrained policy (no imitation) but its run starts where a search from scratch
-    starts when that is better: the best grouped baseline becomes the elite and the restart point."""
+    """A fine-tune starts where a search from scratch starts when that is better than its zero-shot best: the best
+    grouped baseline becomes the elite and the restart point."""
     from placer.problem import build_problem
     from placer.rl.portable import PortableWeights
     from placer.rl.reinforce import ReinforceConfig
@@ -213,7 +213,7 @@ def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines
         s = Search(p.grouping, p.simulator, cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg,
                    baselines=p.baselines, progress=False, tensorboard=False,
                    policy_inputs=lambda: policy_inputs(p), pretrained=w)
-        s.run(60.0, max_updates=1)
+        s.run(600.0, max_updates=1)
         grouped = [t for t in s.grouped_times.values() if t is not None]
         assert grouped and s.imitated == "pretrained"
         assert s.elite_time <= min(min(grouped), s.zero_shot["best_s"])
@@ -226,9 +226,56 @@ def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines
         s0.run(1.0, max_updates=0)
         assert s0.grouped_times == {} and "start" not in s0.zero_shot
         # fine-tuned afterwards (or resumed between the zero-shot batch and the grouped start): it starts there too
-        s0.run(60.0, max_updates=1)
+        s0.run(600.0, max_updates=1)
         assert s0.updates == 1 and s0.grouped_times == s.grouped_times
         assert s0.elite_time <= min(min(grouped), s0.zero_shot["best_s"])
+    finally:
+        p.close()
+
+
+def test_fine_tune_fits_the_pretrained_policy_to_its_start_unless_it_beats_every_heuristic(nmt_tiny):
+    """Before its first update, a fine-tune whose zero-shot best is slower than some baseline fits the pretrained
+    policy to its start (as the warm start fits a fresh policy to its baseline), once, not again on resume; one
+    whose zero-shot best beats every baseline keeps the policy as pretrained."""
+    from placer.problem import build_problem
+    from placer.rl.portable import PortableWeights
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+    from placer.search import policy_inputs
+
+    w = PortableWeights(32, 16, seed=0)          # untrained: its samples are unrelated to any baseline
+    p = build_problem(nmt_tiny, "3xK80", seed=0)
+    try:
+        cfg = ReinforceConfig(seed=0, portable=True, hidden_size=32, attn_size=16, num_samples=4,
+                              zero_shot_samples=4, elite_steps=0, local_moves=0)   # imitate: only the start's fit
+
+        def make(baselines):
+            return Search(p.grouping, p.simulator, cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg,
+                          baselines=baselines, progress=False, tensorboard=False,
+                          policy_inputs=lambda: policy_inputs(p), pretrained=w)
+
+        s = make(p.baselines)
+        s.run(600.0, max_updates=0)                  # the zero-shot answer: no fitting
+        assert "imitation_steps" not in s.zero_shot
+        assert s.zero_shot["best_s"] > min(t for t in s.baselines.values() if t is not None)
+        greedy0 = s.agent.policy.sample(1, greedy=True)[0][0]
+        s.run(600.0, max_updates=1)
+        assert s.zero_shot["imitation_steps"] >= 1 and s.start_groups is not None
+        greedy = s.agent.policy.sample(1, greedy=True)[0][0]
+        agree = float((greedy == s.start_groups).mean())
+        assert agree >= 0.9 and agree > float((greedy0 == s.start_groups).mean())
+        steps = s.zero_shot["imitation_steps"]
+        s.run(600.0, max_updates=2)                  # fitted once: a later run does not fit again
+        assert s.zero_shot["imitation_steps"] == steps and s.updates == 2
+
+        # the only heuristic is round-robin, which the zero-shot best beats (at op and at group level): kept
+        t = make({"round_robin": p.baselines["round_robin"]})
+        t.run(600.0, max_updates=0)
+        assert t.zero_shot["best_s"] < t.baselines["round_robin"]
+        fits = []
+        t.agent.imitate = lambda *a, **k: fits.append(a)       # noqa: E731  (elite_steps=0: no other caller)
+        t.run(600.0, max_updates=1)
+        assert t.zero_shot["imitation_steps"] == 0 and t.updates == 1 and fits == []
     finally:
         p.close()
 

@@ -98,6 +98,11 @@ class ReinforceConfig:
     # --- pretrained (portable) policy: placer.rl.portable ---
     portable: bool = False           # the size- and device-count-independent policy (placer.rl.portable)
     zero_shot_samples: int = 64      # placements sampled from a pretrained policy before any update (one is greedy)
+    # a fine-tune fits the pretrained policy to its start (as the warm start fits a fresh one): "auto" unless the
+    # zero-shot best beats every baseline (then the policy knows the graph), "always", "never". At equal
+    # evaluations (benchmarks/finetune_start.py): fitting helped inception_v3 (whose zero-shot best is slower than
+    # m_etf) and hurt gpt (whose zero-shot best beats every baseline); RESULTS.md "Placing unseen graphs"
+    pretrained_fit: str = "auto"
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:

@@ -570,24 +570,45 @@ class Search:
         self.save_checkpoint()
 
     def _pretrained_start(self) -> None:
-        """A fine-tune from a pretrained policy keeps the policy (no imitation), but its run starts from the
-        better of the zero-shot best and the best grouped baseline, as a search from scratch does: when a grouped
-        baseline fits and is faster, it becomes the elite (which the elite steps fit a few Adam steps at a time,
-        and the local moves' chain starts from) and the restart point. It is not the policy's own best: that
-        stays what the policy samples and the local moves find."""
+        """A fine-tune from a pretrained policy starts as a search from scratch does: from the better of the
+        zero-shot best and the best grouped baseline (when a grouped baseline fits and is faster, it becomes the
+        elite, which the elite steps fit a few Adam steps at a time and the local moves' chain starts from, and
+        the restart point). Where the zero-shot best beats every baseline, the policy knows this graph: its
+        distribution is kept. Otherwise its samples are worse than a heuristic's, and it is fitted to the start
+        (`imitate`, as the warm start fits a fresh policy to its baseline), so that it explores around the start
+        rather than where its pretraining put it (RESULTS.md "Placing unseen graphs"). The start is not the
+        policy's own best: that stays what the policy samples and the local moves find. Done once
+        (`zero_shot["imitation_steps"]`, 0 when the policy was trusted; kept in the checkpoint)."""
+        if "imitation_steps" in self.zero_shot:
+            return
         grouped = self._grouped_baselines()
-        if grouped is None:
-            return
-        names, targets, outcomes, k = grouped
-        if not outcomes[k].ok or not outcomes[k].step_time < self.elite_time:
-            return
-        g = np.asarray(targets[k], np.int32)
-        self.elite_time, self.elite_groups, self.start_groups = float(outcomes[k].step_time), g.copy(), g.copy()
-        if self.config.elite_size > 1:
-            self._update_elite_set(g[None], np.array([self.elite_time]), np.array([True]))
-        self.zero_shot["start"] = f"{names[k]} (grouped)"
-        log.info("fine-tune starts from %s at group level (%.4g s; zero-shot best %s)", names[k], self.elite_time,
-                 self.zero_shot.get("best_s"))
+        if grouped is not None:
+            names, targets, outcomes, k = grouped
+            if outcomes[k].ok and outcomes[k].step_time < self.elite_time:
+                g = np.asarray(targets[k], np.int32)
+                self.elite_time, self.elite_groups, self.start_groups = float(outcomes[k].step_time), g.copy(), g.copy()
+                if self.config.elite_size > 1:
+                    self._update_elite_set(g[None], np.array([self.elite_time]), np.array([True]))
+                self.zero_shot["start"] = f"{names[k]} (grouped)"
+        heuristics = [t for t in list(self.baselines.values()) + list(self.grouped_times.values())
+                      if t is not None and np.isfinite(t)]
+        zs = self.zero_shot.get("best_s")
+        trusted = zs is not None and np.isfinite(zs) and all(zs < t for t in heuristics)
+        fit = self.config.pretrained_fit
+        if fit not in ("auto", "always", "never"):
+            raise SearchError(f"pretrained_fit must be auto, always or never, got {fit!r}")
+        trusted = fit == "never" or (fit == "auto" and trusted)
+        self.zero_shot["imitation_steps"] = 0
+        if self.start_groups is not None and not trusted:
+            info = self.agent.imitate(self.start_groups)
+            self.zero_shot["imitation_steps"] = int(info["imitation_steps"])
+            self.zero_shot["imitation_prob"] = float(info["imitation_prob"])
+        log.info("fine-tune starts from %s (%.4g s; zero-shot best %s, best heuristic %s)%s",
+                 self.zero_shot.get("start", "the zero-shot best"), self.elite_time, zs,
+                 min(heuristics) if heuristics else None,
+                 f": policy fitted to it in {self.zero_shot['imitation_steps']} steps (per-group prob "
+                 f"{self.zero_shot['imitation_prob']:.3f})" if self.zero_shot["imitation_steps"] else
+                 ": policy kept as pretrained" + (" (it beats every heuristic)" if fit == "auto" and trusted else ""))
         self.save_checkpoint()
 
     def _zero_shot(self) -> None:
