@@ -51,7 +51,7 @@ def zero_shot(spec: str, policy: str, seed: int) -> tuple[dict, object]:
     from placer.pretrain import HELD_OUT
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
-    from placer.search import load_policy, search
+    from placer.search import PLACE_SAMPLE_SECONDS, load_policy, search
 
     model, size, cluster, precision = parse_graph(spec)
     if model not in HELD_OUT:
@@ -61,7 +61,7 @@ def zero_shot(spec: str, policy: str, seed: int) -> tuple[dict, object]:
     t0 = time.perf_counter()
     bare = build_problem(g, cluster, seed=seed, baselines=False)
     r = search(bare, budget_seconds=1.0, max_updates=0, seed=seed, policy=load_policy(policy),
-               config=ReinforceConfig(seed=seed))
+               config=ReinforceConfig(seed=seed, zero_shot_seconds=PLACE_SAMPLE_SECONDS))
     rec["zero_shot_wall_s"] = time.perf_counter() - t0
     rec["zero_shot_s"] = float(r.search_best) if np.isfinite(r.search_best) else None
     rec["zero_shot"] = r.extra.get("zero_shot", {})

@@ -152,9 +152,11 @@ def _greedy_ratio(t: _Task) -> float:
 
 def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem] | str = "default", seed: int = 0,
              hidden_size: int = 128, attn_size: int = 32, imitation_share: float = 0.3, progress: bool = False,
-             learning_rate: float = 1e-3) -> dict:
+             learning_rate: float = 1e-3, init=None) -> dict:
     """Train a portable policy on `corpus` for `budget_seconds` of training (building the corpus is extra and
-    reported as `build_wall_s`); write it to `out_dir`. Returns the info written into policy.json."""
+    reported as `build_wall_s`); write it to `out_dir`. Returns the info written into policy.json.
+    init: go on training this policy (a `placer pretrain` directory, "default", or `PortableWeights`; its sizes
+    replace hidden_size and attn_size) instead of a new one."""
     import keras
     import tensorflow as tf
 
@@ -174,9 +176,21 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
     if held:
         log.warning("pretrain: the corpus holds graphs of held-out families: %s", ", ".join(held))
     started = datetime.datetime.now(datetime.timezone.utc)
+    init_info = None
+    if init is not None:
+        if not isinstance(init, PortableWeights):
+            from placer.rl.portable import resolve_policy
+
+            init_name, init = str(init), PortableWeights.load(resolve_policy(init))
+        else:
+            init_name = "weights"
+        hidden_size, attn_size = init.hidden_size, init.attn_size
+        old = getattr(init, "info", None) or {}
+        init_info = {"policy": init_name, "date": old.get("date"), "budget_s": old.get("budget_s"),
+                     "corpus": old.get("corpus"), "init": old.get("init")}
     config = ReinforceConfig(seed=seed, hidden_size=hidden_size, attn_size=attn_size, portable=True,
                              learning_rate=learning_rate)
-    weights = PortableWeights(hidden_size, attn_size, config.forget_bias, seed=seed)
+    weights = init if init is not None else PortableWeights(hidden_size, attn_size, config.forget_bias, seed=seed)
     with tf.device(POLICY_DEVICE):
         optimizer = keras.optimizers.Adam(config.learning_rate, global_clipnorm=config.grad_clip)
         optimizer.build(list(weights.trainable_variables))
@@ -247,6 +261,7 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
             "held_out_families": list(HELD_OUT), "budget_s": float(budget_seconds), "train_wall_s": train_wall,
             "build_wall_s": build_wall, "imitation_rounds": imitation_rounds, "rounds": rounds,
             "updates": int(sum(t.updates for t in tasks)), "config": asdict(config), "per_problem": per,
+            "imitation_share": float(imitation_share), **({"init": init_info} if init_info else {}),
             "date": started.strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, Python {platform.python_version()}"}
     weights.save(out_dir, info=info)

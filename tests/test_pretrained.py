@@ -103,6 +103,49 @@ def test_zero_shot_only_samples_without_xla_and_draws_what_xla_draws(nmt_tiny):
         p.close()
 
 
+def test_zero_shot_samples_batches_for_its_seconds_and_evaluates_each_placement_once(nmt_tiny):
+    """`placer place` keeps drawing batches for `zero_shot_seconds` (at most `zero_shot_max` placements; a batch
+    that draws nothing new stops it) and simulates each distinct placement once; with 0 seconds, one batch."""
+    from placer.problem import build_problem
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+    from placer.search import load_policy, policy_inputs
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.seen = inner, []
+
+        def evaluate(self, placements):
+            self.seen.extend(np.asarray(p).tobytes() for p in placements)
+            return self.inner.evaluate(placements)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    weights = load_policy("default")
+    p = build_problem(nmt_tiny, "4xK80", seed=0, baselines=False)
+    try:
+        for seconds, cap in ((0.0, 2048), (60.0, 40), (60.0, 2048)):
+            ev = Counting(p.simulator)
+            cfg = ReinforceConfig(seed=0, portable=True, hidden_size=weights.hidden_size, attn_size=weights.attn_size,
+                                  zero_shot_samples=8, zero_shot_seconds=seconds, zero_shot_max=cap)
+            s = Search(p.grouping, ev, cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg, progress=False,
+                       tensorboard=False, policy_inputs=lambda: policy_inputs(p), pretrained=weights)
+            s.run(120.0, max_updates=0)
+            z = s.zero_shot
+            assert len(ev.seen) == len(set(ev.seen)) == z["evaluated"] == s.evaluations, (seconds, cap, z)
+            assert 1 <= z["evaluated"] <= z["samples"]
+            if seconds == 0:
+                assert z["samples"] == 8 and z["batches"] == 1
+            elif cap == 40:       # the cap, unless a batch drew nothing new first
+                assert z["samples"] == 40 and z["batches"] == 5 or z["samples"] < 40, z
+            else:                 # 60 s is long: stopped by a batch with nothing new, or by the cap
+                assert z["samples"] == 2048 or z["evaluated"] < z["samples"], z
+                assert z["batches"] > 1 and z["wall_s"] < 60
+    finally:
+        p.close()
+
+
 def test_save_load_roundtrip_and_bad_files_get_one_line(tmp_path):
     from placer.rl.portable import PortableWeights
 
@@ -155,7 +198,8 @@ def test_shipped_policy_places_a_family_it_never_saw(inception_tiny):
     info = PortableWeights.load(default_policy_dir()).info
     assert not any(n.startswith(HELD_OUT) for n in info["problems"]), "a held-out family is in the corpus"
     for n in (2, 5, 8):
-        r = placer.place(inception_tiny, cluster=f"{n}xK80", policy="default", budget_seconds=0, samples=16)
+        r = placer.place(inception_tiny, cluster=f"{n}xK80", policy="default", budget_seconds=0, samples=16,
+                         sample_seconds=0)
         z = r.extra["zero_shot"]
         assert z["samples"] == 16 and z["fits"] >= 1
         assert np.isfinite(r.search_best) and r.step_time <= r.search_best
@@ -169,7 +213,7 @@ def test_cli_place_writes_placement_and_summary(tmp_path):
 
     out = tmp_path / "d"
     assert main(["place", "--policy", "default", "--model", "nmt", "--size", "tiny", "--cluster", "4xK80",
-                 "--samples", "8", "--out", str(out), "--no-progress"]) == 0
+                 "--samples", "8", "--sample-seconds", "0", "--out", str(out), "--no-progress"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert (out / "placement.json").exists()
     assert s["policy"] == "default" and s["zero_shot"]["samples"] == 8 and s["updates"] == 0
@@ -292,6 +336,31 @@ def test_pretrain_writes_a_policy_that_loads(tmp_path):
     w = PortableWeights.load(tmp_path / "p")
     assert w.hidden_size == 16 and w.info["budget_s"] == 4
     assert all(np.isfinite(v["greedy_over_best_baseline"]) for v in info["per_problem"].values())
+
+
+def test_pretrain_goes_on_from_a_policy(tmp_path):
+    """`placer pretrain --init DIR`: training starts from that policy's weights (its sizes win) and the new
+    policy.json says where it came from; a bad --init gets one line."""
+    from placer.cli import main
+    from placer.pretrain import CorpusItem, pretrain
+    from placer.rl.portable import PortableWeights
+
+    corpus = [CorpusItem("rnnlm", "2xK80", "tiny")]
+    first = PortableWeights(16, 8, seed=4)
+    first.save(tmp_path / "a", info={"corpus": "test", "budget_s": 1.0, "date": "then"})
+    start = {k: v.copy() for k, v in PortableWeights.load(tmp_path / "a").state().items()}
+    info = pretrain(tmp_path / "b", budget_seconds=3, corpus=corpus, hidden_size=64, attn_size=32,
+                    imitation_share=0.0, init=str(tmp_path / "a"))
+    assert info["init"]["policy"] == str(tmp_path / "a") and info["init"]["date"] == "then" and info["updates"] >= 1
+    w = PortableWeights.load(tmp_path / "b")
+    assert (w.hidden_size, w.attn_size) == (16, 8) and w.info["init"]["budget_s"] == 1.0
+    after = w.state()
+    assert set(after) == set(start) and any(not np.array_equal(after[k], start[k]) for k in start)
+    fresh = PortableWeights(16, 8, seed=0).state()
+    gap = lambda s: sum(float(np.abs(s[k] - start[k]).sum()) for k in start)     # noqa: E731
+    assert gap(after) < gap(fresh)          # it moved from the given weights, not from a new draw
+    assert main(["pretrain", "--out", str(tmp_path / "c"), "--budget", "1", "--corpus", "quick",
+                 "--init", str(tmp_path / "nope"), "--no-progress"]) == 2
 
 
 def test_random_towers_are_independent_until_the_merge():

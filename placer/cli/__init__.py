@@ -194,7 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="default", help="a `placer pretrain` directory, or 'default' (shipped)")
     p.add_argument("--cluster", required=True, help="simulated hardware: NxKIND, a topology preset or a cluster JSON")
     p.add_argument("--costs", help="cost table file (from `placer profile`)")
-    p.add_argument("--samples", type=int, default=64, help="placements sampled from the policy (default 64)")
+    p.add_argument("--samples", type=int, default=64,
+                   help="placements sampled from the policy per batch, at least one batch (default 64)")
+    p.add_argument("--sample-seconds", type=float, metavar="S",
+                   help="keep sampling batches for S seconds (default 5; 0: one batch); only distinct "
+                        "placements are simulated")
     p.add_argument("--budget", type=float, default=0.0,
                    help="seconds of fine-tuning after the zero-shot answer (default 0: none)")
     p.add_argument("--groups", type=int, help="number of groups (default min(256, 20 x #devices))")
@@ -211,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "corpus comes on top)")
     p.add_argument("--corpus", default="default", help="default (LSTM families + random Keras stacks), wide (default + "
                    "random multi-input tower models and fp16 stacks, DGX-1 among the clusters) or quick")
+    p.add_argument("--init", metavar="POLICY", help="go on training this policy (a `placer pretrain` directory or "
+                                                    "'default') instead of a new one")
+    p.add_argument("--imitation-share", type=float, default=0.3, metavar="F",
+                   help="share of the budget spent imitating each problem's best baseline first (default 0.3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     _json_flag(p)

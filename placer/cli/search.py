@@ -147,18 +147,22 @@ def run_replace(args) -> int:
 
 def run_place(args) -> int:
     """`placer place --policy P (GRAPH | --model M) --cluster C --out DIR`: the pretrained policy's zero-shot
-    answer (the best of --samples placements by the simulator, against the baselines), then --budget seconds of
+    answer (the best of the placements it samples, batches of --samples for --sample-seconds, by the simulator,
+    against the baselines), then --budget seconds of
     fine-tuning if asked. Writes placement.json and summary.json as `placer search` does (+ "zero_shot")."""
     import time
 
     from placer.cli import load_from_args
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
-    from placer.search import load_policy, search
+    from placer.search import PLACE_SAMPLE_SECONDS, load_policy, search
 
     t0 = time.perf_counter()
     if args.samples < 1:
         raise SearchError(f"--samples must be at least 1, got {args.samples}")
+    seconds = PLACE_SAMPLE_SECONDS if getattr(args, "sample_seconds", None) is None else args.sample_seconds
+    if seconds < 0:
+        raise SearchError(f"--sample-seconds must be 0 or more, got {seconds}")
     if args.budget < 0:
         raise SearchError(f"--budget must be 0 or more, got {args.budget}")
     out = Path(args.out)
@@ -170,7 +174,8 @@ def run_place(args) -> int:
                             baselines=not args.no_baselines)
     try:
         res = search(problem, budget_seconds=args.budget if args.budget > 0 else 1.0, seed=args.seed,
-                     config=ReinforceConfig(seed=args.seed, zero_shot_samples=args.samples), out_dir=out,
+                     config=ReinforceConfig(seed=args.seed, zero_shot_samples=args.samples,
+                                            zero_shot_seconds=seconds), out_dir=out,
                      progress=not args.no_progress, max_updates=None if args.budget > 0 else 0, policy=weights,
                      model_name=args.model or graph.name)
     finally:
@@ -185,7 +190,8 @@ def run_place(args) -> int:
         return 0
     z = res.extra.get("zero_shot", {})
     best = z.get("best_s")
-    print(f"zero-shot: {z.get('samples', 0)} placements from {summary.get('policy')}, {z.get('fits', 0)} fit, "
+    print(f"zero-shot: {z.get('samples', 0)} placements from {summary.get('policy')} "
+          f"({z.get('evaluated', z.get('samples', 0))} distinct), {z.get('fits', 0)} fit, "
           f"best {'none' if best is None else f'{best * 1e3:.3f} ms'} ({z.get('wall_s', 0):.1f} s); "
           f"total {summary['place_wall_s']:.1f} s")
     _print_summary(summary, out)
@@ -196,8 +202,11 @@ def run_pretrain(args) -> int:
     """`placer pretrain --out DIR [--budget S] [--corpus default|wide|quick]`."""
     from placer.pretrain import pretrain
 
+    share = float(getattr(args, "imitation_share", 0.3))
+    if not 0.0 <= share < 1.0:
+        raise SearchError(f"--imitation-share must be in [0, 1), got {share}")
     info = pretrain(args.out, budget_seconds=float(args.budget), corpus=args.corpus, seed=int(args.seed),
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, init=getattr(args, "init", None), imitation_share=share)
     if getattr(args, "json", False):
         from placer.cli import print_json
 

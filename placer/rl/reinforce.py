@@ -98,6 +98,8 @@ class ReinforceConfig:
     # --- pretrained (portable) policy: placer.rl.portable ---
     portable: bool = False           # the size- and device-count-independent policy (placer.rl.portable)
     zero_shot_samples: int = 64      # placements sampled from a pretrained policy before any update (one is greedy)
+    zero_shot_seconds: float = 0.0   # ...and more batches of as many until this many seconds (`placer place`: 5)
+    zero_shot_max: int = 2048        # ...drawing at most this many (a batch that draws nothing new also stops)
     # a fine-tune fits the pretrained policy to its start (as the warm start fits a fresh one): "auto" unless the
     # zero-shot best beats every baseline (then the policy knows the graph), "always", "never". At equal
     # evaluations (benchmarks/finetune_start.py): fitting helped inception_v3 (whose zero-shot best is slower than

@@ -613,17 +613,43 @@ class Search:
 
     def _zero_shot(self) -> None:
         """A pretrained policy's first answer: `zero_shot_samples` placements (the greedy one and samples),
-        evaluated in one batch; the best becomes the policy's own best, the elite and the restart point."""
+        evaluated in one batch; with `zero_shot_seconds` > 0, more batches of that size until that many seconds
+        have passed, `zero_shot_max` placements were drawn, or a batch drew nothing new (`placer place`). Only
+        distinct placements are evaluated. The best becomes the policy's own best, the elite and the restart
+        point."""
         t0 = time.perf_counter()
-        k = max(1, int(self.config.zero_shot_samples))
+        cfg = self.config
+        k = max(1, int(cfg.zero_shot_samples))
+        cap = max(k, int(cfg.zero_shot_max))
         pol = self.agent.policy
-        acts = pol.sample(1, greedy=True)[0]
-        if k > 1:
-            acts = np.concatenate([acts, pol.sample(k - 1)[0]])
+        seen: set[bytes] = set()
+        rows, outs = [], []
+        drawn = batches = 0
+        while True:
+            acts = pol.sample(1, greedy=True)[0] if batches == 0 else np.empty((0, pol.num_groups), np.int32)
+            n = min(k, cap - drawn) - len(acts)
+            if n > 0:
+                acts = np.concatenate([acts, pol.sample(n)[0]])
+            drawn += len(acts)
+            batches += 1
+            new = []
+            for a in acts:
+                key = a.tobytes()
+                if key not in seen:
+                    seen.add(key)
+                    new.append(a)
+            if new:
+                new = np.stack(new)
+                outcomes = self.evaluator.evaluate([self.grouping.expand(a, self.cpu_index) for a in new])
+                self.evaluations += len(new)
+                self._note_oom(outcomes)
+                rows.append(new)
+                outs.extend(outcomes)
+            if (not len(new) or drawn >= cap or cfg.zero_shot_seconds <= 0
+                    or time.perf_counter() - t0 >= cfg.zero_shot_seconds):
+                break
+        acts, outcomes = np.concatenate(rows), outs
         placements = [self.grouping.expand(a, self.cpu_index) for a in acts]
-        outcomes = self.evaluator.evaluate(placements)
-        self.evaluations += len(placements)
-        self._note_oom(outcomes)
         times = np.array([o.step_time if o.ok else np.inf for o in outcomes], np.float64)
         if self.failure_step_time is None and np.isfinite(times).any():
             self.failure_step_time = self.config.failure_factor * float(times[np.isfinite(times)].max())
@@ -632,7 +658,8 @@ class Search:
             for a, o, c in zip(acts, outcomes, charged_step_times(outcomes, fail_t, self.device_capacity)):
                 self.cache.put(a, o, c)
         self.imitated = "pretrained"
-        self.zero_shot = {"samples": len(placements), "fits": int(np.isfinite(times).sum()),
+        self.zero_shot = {"samples": drawn, "evaluated": len(placements), "batches": batches,
+                          "fits": int(np.isfinite(times).sum()),
                           "greedy_s": _json_num(float(times[0])), "wall_s": time.perf_counter() - t0}
         if np.isfinite(times).any():
             j = int(np.argmin(times))
@@ -644,8 +671,8 @@ class Search:
             self.start_groups = acts[j].copy()
             self._consider(placements[j], float(times[j]), "pretrained (zero-shot)")
             self.zero_shot["best_s"] = float(times[j])
-        log.info("zero-shot: %d placements from the pretrained policy, %d fit, best %s in %.2f s", len(placements),
-                 self.zero_shot["fits"], f"{self.search_best:.4g} s" if np.isfinite(self.search_best) else "none",
+        log.info("zero-shot: %d placements from the pretrained policy (%d distinct), %d fit, best %s in %.2f s",
+                 drawn, len(placements), self.zero_shot["fits"], f"{self.search_best:.4g} s" if np.isfinite(self.search_best) else "none",
                  self.zero_shot["wall_s"])
         self.history.append({"update": 0, "wall_s": self.wall_s(), "evaluations": self.evaluations,
                              "best_s": self.best_time, "search_best_s": self.search_best,
