@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 REMEASURE_TOP = 3
 # `placer place` / `place(policy=...)`: the zero-shot answer keeps sampling batches from the policy for this long
-# (ReinforceConfig.zero_shot_seconds): held-out graphs, simulated, the best of 256 samples against 64 (2 seeds):
-# gpt@DGX1:fp16 0.325-0.329 s against 0.338-0.346, clip 0.350-0.360 against 0.367 (RESULTS.md "Placing unseen graphs")
+# (ReinforceConfig.zero_shot_seconds): on the held-out graphs, simulated, 5 s against one batch of 64: gpt@DGX1:fp16
+# 0.3298 s against 0.3465, clip 0.3568 against 0.3667 (`benchmarks/transfer.py --zero-shot-only`; README)
 PLACE_SAMPLE_SECONDS = 5.0
 DROP_AFTER = 2       # measurements that find a device dead before a measured search drops it and re-places
 

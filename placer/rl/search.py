@@ -623,7 +623,7 @@ class Search:
         cap = max(k, int(cfg.zero_shot_max))
         pol = self.agent.policy
         seen: set[bytes] = set()
-        rows, outs = [], []
+        rows, placements, outcomes = [], [], []
         drawn = batches = 0
         while True:
             acts = pol.sample(1, greedy=True)[0] if batches == 0 else np.empty((0, pol.num_groups), np.int32)
@@ -639,17 +639,17 @@ class Search:
                     seen.add(key)
                     new.append(a)
             if new:
-                new = np.stack(new)
-                outcomes = self.evaluator.evaluate([self.grouping.expand(a, self.cpu_index) for a in new])
+                expanded = [self.grouping.expand(a, self.cpu_index) for a in new]
+                outs = self.evaluator.evaluate(expanded)
                 self.evaluations += len(new)
-                self._note_oom(outcomes)
-                rows.append(new)
-                outs.extend(outcomes)
+                self._note_oom(outs)
+                rows.append(np.stack(new))
+                placements.extend(expanded)
+                outcomes.extend(outs)
             if (not len(new) or drawn >= cap or cfg.zero_shot_seconds <= 0
                     or time.perf_counter() - t0 >= cfg.zero_shot_seconds):
                 break
-        acts, outcomes = np.concatenate(rows), outs
-        placements = [self.grouping.expand(a, self.cpu_index) for a in acts]
+        acts = np.concatenate(rows)
         times = np.array([o.step_time if o.ok else np.inf for o in outcomes], np.float64)
         if self.failure_step_time is None and np.isfinite(times).any():
             self.failure_step_time = self.config.failure_factor * float(times[np.isfinite(times)].max())
@@ -672,8 +672,8 @@ class Search:
             self._consider(placements[j], float(times[j]), "pretrained (zero-shot)")
             self.zero_shot["best_s"] = float(times[j])
         log.info("zero-shot: %d placements from the pretrained policy (%d distinct), %d fit, best %s in %.2f s",
-                 drawn, len(placements), self.zero_shot["fits"], f"{self.search_best:.4g} s" if np.isfinite(self.search_best) else "none",
-                 self.zero_shot["wall_s"])
+                 drawn, len(placements), self.zero_shot["fits"],
+                 f"{self.search_best:.4g} s" if np.isfinite(self.search_best) else "none", self.zero_shot["wall_s"])
         self.history.append({"update": 0, "wall_s": self.wall_s(), "evaluations": self.evaluations,
                              "best_s": self.best_time, "search_best_s": self.search_best,
                              "mean_s": float(np.mean(times[np.isfinite(times)])) if np.isfinite(times).any()
