@@ -5,15 +5,16 @@
 
 For each held-out graph (`placer.pretrain.HELD_OUT` families: inception_v3, gpt, clip), on one problem built once
 (cluster, costs, grouping, baselines), in one run:
-- zero-shot: `build_problem(..., baselines=False)` then the policy's zero-shot batch (`search(..., policy=P,
-  max_updates=0)`, 64 samples, the best by the simulator): `zero_shot_s` (the policy's own best) and
+- zero-shot: `build_problem(..., baselines=False)` then the policy's zero-shot batches (`search(..., policy=P,
+  max_updates=0)`, batches of 64 for `PLACE_SAMPLE_SECONDS`, the best by the simulator): `zero_shot_s` (the
+  policy's own best), `zero_shot_spread` (its busiest device's share of the op work, devices with >= 5%) and
   `zero_shot_wall_s` (building the problem without baselines + sampling + simulating; what `placer place
   --no-baselines` costs, graph import excluded: cached; TensorFlow is imported before the first graph, as the
   `placer` command imports it at start, so that no graph's wall includes it);
 - `finetune60_s`: a 60 s search starting from the pretrained policy;
 - `scratch60_s` / `scratch300_s`: 60 s and 300 s searches from scratch (the default search: imitate the best
   grouped baseline, then REINFORCE);
-- `best_baseline_s`: the fastest of the baselines (op level);
+- `best_baseline_s`: the fastest of the baselines (op level), and its `best_baseline_spread`;
 - at 1,000 and 5,000 evaluations (`*_s_at_evals`): the fine-tune, the longest search from scratch and the
   annealing reference (`placer.baselines.anneal`, one run per count), counted as `placer bench` counts them.
 Every search figure is the policy's own best (`search_best_s`), never the baseline floor. Simulated step times
@@ -43,6 +44,17 @@ def parse_graph(spec: str) -> tuple[str, str, str, str]:
     return model, size or "full", cluster, precision or "fp32"
 
 
+def spread(problem, op_devices) -> dict:
+    """How a placement spreads the step's op work (simulated busy time per device): the busiest device's share
+    and the number of devices holding at least 5% of it."""
+    import numpy as np
+
+    busy = np.asarray(problem.simulator.sim.simulate(np.asarray(op_devices)).busy, np.float64)
+    share = busy / max(float(busy.sum()), 1e-30)
+    return {"busiest_share": float(share.max()), "devices_used": int((share >= 0.05).sum()),
+            "devices": int(len(busy))}
+
+
 def zero_shot(spec: str, policy: str, seed: int) -> tuple[dict, object]:
     """The zero-shot columns of one graph, as `placer place --no-baselines` computes them; returns (record, graph)."""
     import numpy as np
@@ -65,9 +77,14 @@ def zero_shot(spec: str, policy: str, seed: int) -> tuple[dict, object]:
     rec["zero_shot_wall_s"] = time.perf_counter() - t0
     rec["zero_shot_s"] = float(r.search_best) if np.isfinite(r.search_best) else None
     rec["zero_shot"] = r.extra.get("zero_shot", {})
+    if rec["zero_shot_s"] is not None:     # without baselines the returned placement is the policy's own best
+        rec["zero_shot_spread"] = spread(bare, r.placement.to_indices(g, bare.device_names))
     bare.close()
+    sp = rec.get("zero_shot_spread")
     print(f"{spec}: zero-shot {rec['zero_shot_s']} s in {rec['zero_shot_wall_s']:.1f} s (sampling and simulating "
-          f"{rec['zero_shot'].get('wall_s', float('nan')):.1f} s)", flush=True)
+          f"{rec['zero_shot'].get('wall_s', float('nan')):.1f} s)"
+          + (f"; {100 * sp['busiest_share']:.0f}% of the work on one device, {sp['devices_used']} of "
+             f"{sp['devices']} devices with >= 5%" if sp else ""), flush=True)
     return rec, g
 
 
@@ -91,6 +108,8 @@ def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], see
     rec["best_baseline"] = min(ok, key=ok.get) if ok else None
     rec["best_baseline_s"] = ok[rec["best_baseline"]] if ok else None
     rec["lower_bound_s"] = problem.lower_bound
+    if rec["best_baseline"] in problem.baselines:
+        rec["best_baseline_spread"] = spread(problem, problem.baselines[rec["best_baseline"]])
 
     def own(res) -> float | None:
         return float(res.search_best) if np.isfinite(res.search_best) else None
@@ -165,6 +184,15 @@ def section(recs: list[dict], info: dict, command: str, date: str, mach: str, fi
         if r.get(ft) is not None and r.get(sc[0]) is not None:
             notes.append(f"vs scratch {scratch[0]:.0f} s: {100 * (r[ft] / r[sc[0]] - 1):+.1f}%")
         lines.append(f"- {r['graph']}: " + "; ".join(notes) + ".")
+    sp = [r for r in recs if r.get("zero_shot_spread") and r.get("best_baseline_spread")]
+    if sp:
+        lines += ["", "How the zero-shot answer and the best baseline spread the op work (simulated busy time per "
+                  "device; `zero_shot_spread`, `best_baseline_spread`):", ""]
+        for r in sp:
+            z, b = r["zero_shot_spread"], r["best_baseline_spread"]
+            lines.append(f"- {r['graph']}: zero-shot {100 * z['busiest_share']:.0f}% of the work on its busiest "
+                         f"device, {z['devices_used']} of {z['devices']} devices with ≥ 5%; {r['best_baseline']} "
+                         f"{100 * b['busiest_share']:.0f}%, {b['devices_used']} devices.")
     return "\n".join(lines)
 
 
