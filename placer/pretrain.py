@@ -78,13 +78,30 @@ def wide_corpus() -> list[CorpusItem]:
     return items
 
 
+PARALLEL_CLUSTERS = ("DGX1:fp16", "4xK80", "8xV100:fp16", "6xK80", "8xV100", "DGX1:fp16")
+
+
+def parallel_corpus() -> list[CorpusItem]:
+    """`default_corpus` and 12 compute-bound multi-input models: random towers (`build_random_towers`, seeds
+    0-11) at batch 512 (seeds 0-5) and 256 (seeds 6-11), on 4-8 devices. The default corpus's 8-device problems
+    are small (millisecond steps, bound by transfers), so a policy trained on it learns to co-locate; on many of
+    these towers the best baseline spreads the work over 4-8 devices and keeping it on one or two devices costs
+    1.4-2x. Still none of the held-out families."""
+    items = default_corpus()
+    for s in range(12):
+        cluster, _, precision = PARALLEL_CLUSTERS[s % len(PARALLEL_CLUSTERS)].partition(":")
+        items.append(CorpusItem("towers", cluster, seed=s, batch_size=512 if s < 6 else 256,
+                                precision=precision or "fp32"))
+    return items
+
+
 def quick_corpus() -> list[CorpusItem]:
     """Three tiny problems (tests)."""
     return [CorpusItem("rnnlm", "2xK80", "tiny"), CorpusItem("nmt", "4xK80", "tiny"),
             CorpusItem("random", "3xV100", seed=2)]
 
 
-CORPORA = {"default": default_corpus, "wide": wide_corpus, "quick": quick_corpus}
+CORPORA = {"default": default_corpus, "wide": wide_corpus, "parallel": parallel_corpus, "quick": quick_corpus}
 
 
 def build_graph(item: CorpusItem):
@@ -112,7 +129,7 @@ class _Task:
     updates: int = 0
 
 
-def _task(item: CorpusItem, weights, optimizer, config, seed: int) -> _Task | None:
+def _task(item: CorpusItem, weights, optimizer, config, seed: int, split_groups: str | None = None) -> _Task | None:
     from placer.bench import evaluate_baselines
     from placer.grouped import grouped_baselines
     from placer.problem import build_problem
@@ -121,7 +138,7 @@ def _task(item: CorpusItem, weights, optimizer, config, seed: int) -> _Task | No
     from placer.search import policy_inputs
 
     graph = build_graph(item)
-    problem = build_problem(graph, item.cluster, seed=seed)
+    problem = build_problem(graph, item.cluster, seed=seed, split_groups=split_groups)
     if int(problem.allowed.sum(axis=1).max()) <= 1:
         problem.close()
         return None
@@ -152,11 +169,13 @@ def _greedy_ratio(t: _Task) -> float:
 
 def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem] | str = "default", seed: int = 0,
              hidden_size: int = 128, attn_size: int = 32, imitation_share: float = 0.3, progress: bool = False,
-             learning_rate: float = 1e-3, init=None) -> dict:
+             learning_rate: float = 1e-3, init=None, split_groups: str | None = None) -> dict:
     """Train a portable policy on `corpus` for `budget_seconds` of training (building the corpus is extra and
     reported as `build_wall_s`); write it to `out_dir`. Returns the info written into policy.json.
     init: go on training this policy (a `placer pretrain` directory, "default", or `PortableWeights`; its sizes
-    replace hidden_size and attn_size) instead of a new one."""
+    replace hidden_size and attn_size) instead of a new one. split_groups: each corpus problem's groups follow
+    this baseline's device boundaries ("best": the fastest; `build_problem(split_groups=...)`), so that the
+    imitation target is that baseline exactly rather than its group-majority version."""
     import keras
     import tensorflow as tf
 
@@ -199,7 +218,7 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
     skipped: dict[str, str] = {}
     for i, item in enumerate(corpus):
         try:
-            t = _task(item, weights, optimizer, config, seed + i)
+            t = _task(item, weights, optimizer, config, seed + i, split_groups)
         except PlacerError as e:
             skipped[item.name] = str(e).splitlines()[0]
             log.warning("pretrain: skipping %s: %s", item.name, e)
@@ -262,10 +281,12 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
             "build_wall_s": build_wall, "imitation_rounds": imitation_rounds, "rounds": rounds,
             "updates": int(sum(t.updates for t in tasks)), "config": asdict(config), "per_problem": per,
             "imitation_share": float(imitation_share), **({"init": init_info} if init_info else {}),
+            **({"split_groups": split_groups} if split_groups else {}),
             "date": started.strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, Python {platform.python_version()}"}
     weights.save(out_dir, info=info)
     return info
 
 
-__all__ = ["CorpusItem", "HELD_OUT", "default_corpus", "pretrain", "quick_corpus", "wide_corpus"]
+__all__ = ["CorpusItem", "HELD_OUT", "default_corpus", "parallel_corpus", "pretrain", "quick_corpus",
+           "wide_corpus"]

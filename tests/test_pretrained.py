@@ -390,3 +390,48 @@ def test_random_towers_are_independent_until_the_merge():
     names = [c.name for c in wide_corpus()]
     assert len(set(names)) == len(names) and "towers_0@DGX1:fp16" in names
     assert not any(nm.startswith(HELD_OUT) for nm in names)
+
+
+def test_parallel_corpus_adds_large_batch_towers_on_many_devices():
+    """The `parallel` corpus is the default one plus twelve tower models at batch 256 or 512 on 4-8 devices, with
+    unique names and no held-out family."""
+    from placer.pretrain import CORPORA, HELD_OUT, default_corpus, parallel_corpus
+    from placer.sim.cluster import parse_cluster
+
+    items = CORPORA["parallel"]()
+    names = [c.name for c in items]
+    assert len(set(names)) == len(names) and not any(nm.startswith(HELD_OUT) for nm in names)
+    assert names[:len(default_corpus())] == [c.name for c in default_corpus()]
+    extra = parallel_corpus()[len(default_corpus()):]
+    assert len(extra) == 12 and {c.model for c in extra} == {"towers"}
+    assert {c.batch_size for c in extra} == {256, 512}
+    assert {c.precision for c in extra} == {"fp32", "fp16"}
+    assert all(sum(not d.is_cpu for d in parse_cluster(c.cluster).devices) >= 4 for c in extra)
+
+
+def test_pretrain_split_groups_imitates_the_best_baseline_exactly():
+    """`placer pretrain --split-groups best`: each corpus problem's groups follow its fastest baseline's devices,
+    so the imitation target is that baseline exactly (the same simulated step time), not its group-majority
+    version; a baseline name that does not exist skips every problem with one clear error."""
+    import keras
+    import tensorflow as tf
+
+    from placer.errors import SearchError
+    from placer.pretrain import CorpusItem, _task, pretrain
+    from placer.rl.policy import POLICY_DEVICE
+    from placer.rl.portable import PortableWeights
+    from placer.rl.reinforce import ReinforceConfig
+
+    config = ReinforceConfig(seed=0, hidden_size=16, attn_size=8, portable=True)
+    w = PortableWeights(16, 8, config.forget_bias, seed=0)
+    with tf.device(POLICY_DEVICE):
+        opt = keras.optimizers.Adam(1e-3)
+        opt.build(list(w.trainable_variables))
+    t = _task(CorpusItem("nmt", "4xK80", "tiny"), w, opt, config, 0, split_groups="best")
+    try:
+        assert t.problem.meta["split_groups"] in t.problem.baselines
+        assert t.target is not None and t.target_s == pytest.approx(t.best_baseline_s, rel=1e-9)
+    finally:
+        t.problem.close()
+    with pytest.raises(SearchError, match="no problem of the corpus"):
+        pretrain("unused", budget_seconds=1, corpus=[CorpusItem("rnnlm", "2xK80", "tiny")], split_groups="nope")

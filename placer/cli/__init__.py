@@ -214,11 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, default=1800.0, help="training seconds (default 1800; building the "
                                                                  "corpus comes on top)")
     p.add_argument("--corpus", default="default", help="default (LSTM families + random Keras stacks), wide (default + "
-                   "random multi-input tower models and fp16 stacks, DGX-1 among the clusters) or quick")
+                   "random multi-input tower models and fp16 stacks, DGX-1 among the clusters), parallel (default + "
+                   "compute-bound random tower models at batch 256-512 on 4-8 devices) or quick")
     p.add_argument("--init", metavar="POLICY", help="go on training this policy (a `placer pretrain` directory or "
                                                     "'default') instead of a new one")
     p.add_argument("--imitation-share", type=float, default=0.3, metavar="F",
                    help="share of the budget spent imitating each problem's best baseline first (default 0.3)")
+    p.add_argument("--split-groups", metavar="BASELINE",
+                   help="each corpus problem's groups follow this baseline's device boundaries ('best': the "
+                        "fastest), so the policy imitates that baseline exactly")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     _json_flag(p)

@@ -199,14 +199,15 @@ def run_place(args) -> int:
 
 
 def run_pretrain(args) -> int:
-    """`placer pretrain --out DIR [--budget S] [--corpus default|wide|quick]`."""
+    """`placer pretrain --out DIR [--budget S] [--corpus default|wide|parallel|quick]`."""
     from placer.pretrain import pretrain
 
     share = float(getattr(args, "imitation_share", 0.3))
     if not 0.0 <= share < 1.0:
         raise SearchError(f"--imitation-share must be in [0, 1), got {share}")
     info = pretrain(args.out, budget_seconds=float(args.budget), corpus=args.corpus, seed=int(args.seed),
-                    progress=not args.no_progress, init=getattr(args, "init", None), imitation_share=share)
+                    progress=not args.no_progress, init=getattr(args, "init", None), imitation_share=share,
+                    split_groups=getattr(args, "split_groups", None) or None)
     if getattr(args, "json", False):
         from placer.cli import print_json
 
