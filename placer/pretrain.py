@@ -85,8 +85,7 @@ def parallel_corpus() -> list[CorpusItem]:
     """`default_corpus` and 12 compute-bound multi-input models: random towers (`build_random_towers`, seeds
     0-11) at batch 512 (seeds 0-5) and 256 (seeds 6-11), on 4-8 devices. The default corpus's 8-device problems
     are small (millisecond steps, bound by transfers), so a policy trained on it learns to co-locate; on many of
-    these towers the best baseline spreads the work over 4-8 devices and keeping it on one or two devices costs
-    1.4-2x. Still none of the held-out families."""
+    these towers the best baseline spreads the work over 4-8 devices. Still none of the held-out families."""
     items = default_corpus()
     for s in range(12):
         cluster, _, precision = PARALLEL_CLUSTERS[s % len(PARALLEL_CLUSTERS)].partition(":")
