@@ -229,7 +229,9 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
         log.info("pretrain: %s: %d ops, %d groups, best baseline %.4g s", item.name, t.problem.graph.num_ops,
                  t.problem.grouping.num_groups, t.best_baseline_s)
     if not tasks:
-        raise SearchError("pretrain: no problem of the corpus could be built")
+        first = next(iter(skipped.items()), None)
+        raise SearchError("pretrain: no problem of the corpus could be built"
+                          + (f" ({first[0]}: {first[1]})" if first else ""))
     build_wall = time.perf_counter() - t0
     t0 = time.perf_counter()
     rounds = imitation_rounds = 0
