@@ -50,6 +50,12 @@ class CorpusItem:
         return (f"{g}{'' if self.batch_size is None else f'_b{self.batch_size}'}@{self.cluster}"
                 f"{'' if self.precision == 'fp32' else ':' + self.precision}")
 
+    @classmethod
+    def on(cls, model: str, spec: str, **kw) -> "CorpusItem":
+        """An item on `spec` = "cluster[:precision]" (the form its name ends with), e.g. "DGX1:fp16"."""
+        cluster, _, precision = spec.partition(":")
+        return cls(model, cluster, precision=precision or "fp32", **kw)
+
 
 GENERATED = ("random", "towers")   # corpus models drawn by `placer.graphs.models.random_stack`
 
@@ -70,9 +76,7 @@ def wide_corpus() -> list[CorpusItem]:
     and the K80 / V100 presets. Still none of the held-out families."""
     towers = ("DGX1:fp16", "4xV100", "8xV100:fp16", "2xK80", "4xK80", "DGX1", "3xV100:fp16", "6xK80")
     items = default_corpus()
-    for s, spec in enumerate(towers):
-        cluster, _, precision = spec.partition(":")
-        items.append(CorpusItem("towers", cluster, seed=s, precision=precision or "fp32"))
+    items += [CorpusItem.on("towers", spec, seed=s) for s, spec in enumerate(towers)]
     items += [CorpusItem("random", c, seed=s, precision="fp16")
               for s, c in zip(range(12, 16), ("DGX1", "8xV100", "DGX1", "4xV100"))]
     return items
@@ -87,10 +91,8 @@ def parallel_corpus() -> list[CorpusItem]:
     are small (millisecond steps, bound by transfers), so a policy trained on it learns to co-locate; on many of
     these towers the best baseline spreads the work over 4-8 devices. Still none of the held-out families."""
     items = default_corpus()
-    for s in range(12):
-        cluster, _, precision = PARALLEL_CLUSTERS[s % len(PARALLEL_CLUSTERS)].partition(":")
-        items.append(CorpusItem("towers", cluster, seed=s, batch_size=512 if s < 6 else 256,
-                                precision=precision or "fp32"))
+    items += [CorpusItem.on("towers", PARALLEL_CLUSTERS[s % len(PARALLEL_CLUSTERS)], seed=s,
+                            batch_size=512 if s < 6 else 256) for s in range(12)]
     return items
 
 

@@ -409,7 +409,7 @@ def test_parallel_corpus_adds_large_batch_towers_on_many_devices():
     assert all(sum(not d.is_cpu for d in parse_cluster(c.cluster).devices) >= 4 for c in extra)
 
 
-def test_pretrain_split_groups_imitates_the_best_baseline_exactly(capsys):
+def test_pretrain_split_groups_imitates_the_best_baseline_exactly(capsys, tmp_path):
     """`placer pretrain --split-groups best`: each corpus problem's groups follow its fastest baseline's devices,
     so the imitation target is that baseline exactly (the same simulated step time), not its group-majority
     version; a baseline name that does not exist skips every problem with one clear error."""
@@ -434,10 +434,10 @@ def test_pretrain_split_groups_imitates_the_best_baseline_exactly(capsys):
     finally:
         t.problem.close()
     with pytest.raises(SearchError, match="no problem of the corpus"):
-        pretrain("unused", budget_seconds=1, corpus=[CorpusItem("rnnlm", "2xK80", "tiny")], split_groups="nope")
+        pretrain(tmp_path / "a", budget_seconds=1, corpus=[CorpusItem("rnnlm", "2xK80", "tiny")], split_groups="nope")
     from placer.cli import main
 
-    assert main(["pretrain", "--out", "unused", "--budget", "1", "--corpus", "quick", "--split-groups", "nope",
+    assert main(["pretrain", "--out", str(tmp_path / "b"), "--budget", "1", "--corpus", "quick", "--split-groups", "nope",
                  "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "'nope'" in err               # one line, naming the bad baseline
