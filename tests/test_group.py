@@ -172,3 +172,72 @@ def test_unscoped_gradient_sums_stay_with_their_layer():
     assert gr.num_groups == L
     for i in range(L):
         assert grp[f"AddN_{i}"] == grp[f"m/layer_{i}/MatMul"] == grp[f"gradient_tape/m/layer_{i}/Gelu/mul"]
+
+
+def test_small_sub_scopes_stay_with_their_layer():
+    """A layer's cheap sub-scope (`layer_i/attn_out`: below a quarter of a mean group) is grouped with its own
+    layer, never with the other layers' cheap sub-scopes in one cross-layer "misc" group."""
+    L, big, small, MB = 6, 1e10, 1e8, 2**20
+    ops, edges, prev = [], [], None
+    for i in range(L):
+        names = [f"m/layer_{i}/qkv/MatMul", f"m/layer_{i}/mlp/MatMul", f"m/layer_{i}/attn_out/MatMul"]
+        ops += [(names[0], "MatMul", MB, 0, big), (names[1], "MatMul", MB, 0, big),
+                (names[2], "MatMul", MB, 0, small)]
+        edges += [(names[0], names[2]), (names[2], names[1])] + ([(prev, names[0])] if prev else [])
+        prev = names[1]
+    g = OpGraph.build(ops, edges)
+    gr = group(g, 3 * L)
+    layer_of_group: dict[int, set] = {}
+    for nm, k in zip(g.names, gr.op_group.tolist()):
+        layer_of_group.setdefault(k, set()).add(nm.split("/")[1])
+    assert all(len(v) == 1 for v in layer_of_group.values()), layer_of_group
+
+
+def test_flat_optimizer_updates_and_variables_join_their_layers():
+    """Keras 3 writes its optimizer flat (`adam/Mul_7`, `adam/AssignSubVariableOp_3`) and its variables outside
+    the layers' call scopes (`layer_0/kernel` read in `m/layer_0/...`): each update follows its gradient's layer,
+    each slot variable its update's, each variable its first reader's; the learning rate, read by every update,
+    stays a hub of its own."""
+    from placer.graphs.group import anchors
+
+    L, MB, W = 3, 2**20, 4 * 2**20
+    ops = [("x", "Placeholder", MB), ("adam/lr", "VarHandleOp", 4, 4), ("adam/lr/Read", "ReadVariableOp", 4)]
+    edges = [("adam/lr", "adam/lr/Read")]
+    prev = "x"
+    for i in range(L):
+        ops += [(f"layer_{i}/kernel", "VarHandleOp", 8, W), (f"m/layer_{i}/Read", "ReadVariableOp", W),
+                (f"m/layer_{i}/MatMul", "MatMul", MB, 0, 1e9)]
+        edges += [(f"layer_{i}/kernel", f"m/layer_{i}/Read"), (f"m/layer_{i}/Read", f"m/layer_{i}/MatMul"),
+                  (prev, f"m/layer_{i}/MatMul")]
+        prev = f"m/layer_{i}/MatMul"
+    for i in reversed(range(L)):
+        gname = f"gradient_tape/m/layer_{i}/MatMul/MatMul_1"
+        ops.append((gname, "MatMul", W, 0, 1e9))
+        edges += [(prev, gname), (f"m/layer_{i}/Read", gname)]
+    for i in range(L):
+        gname, mom = f"gradient_tape/m/layer_{i}/MatMul/MatMul_1", f"adam/layer_{i}_kernel_momentum"
+        ops += [(mom, "VarHandleOp", 8, W), (f"adam/ReadVariableOp_{i}", "ReadVariableOp", W),
+                (f"adam/Mul_{i}", "Mul", W), (f"adam/Add_{i}", "AddV2", W),
+                (f"adam/AssignVariableOp_{i}", "AssignVariableOp", 0),
+                (f"adam/Mul_{L + i}", "Mul", W), (f"adam/AssignSubVariableOp_{i}", "AssignSubVariableOp", 0)]
+        edges += [(mom, f"adam/ReadVariableOp_{i}"), (f"adam/ReadVariableOp_{i}", f"adam/Add_{i}"),
+                  (gname, f"adam/Mul_{i}"), (f"adam/Mul_{i}", f"adam/Add_{i}"), (mom, f"adam/AssignVariableOp_{i}"),
+                  (f"adam/Add_{i}", f"adam/AssignVariableOp_{i}"), (f"adam/Add_{i}", f"adam/Mul_{L + i}"),
+                  ("adam/lr/Read", f"adam/Mul_{L + i}"), (f"layer_{i}/kernel", f"adam/AssignSubVariableOp_{i}"),
+                  (f"adam/Mul_{L + i}", f"adam/AssignSubVariableOp_{i}")]
+    g = OpGraph.build(ops, edges)
+    anchor, scopes = anchors(g)
+    at = {nm: g.names[int(a)] for nm, a in zip(g.names, anchor)}
+    for i in range(L):
+        home = f"m/layer_{i}/MatMul"
+        for nm in (f"adam/Mul_{i}", f"adam/Add_{i}", f"adam/AssignVariableOp_{i}", f"adam/Mul_{L + i}",
+                   f"adam/AssignSubVariableOp_{i}", f"adam/layer_{i}_kernel_momentum", f"adam/ReadVariableOp_{i}"):
+            assert at[nm] == home, (nm, at[nm])
+        assert scopes[g.names.index(f"layer_{i}/kernel")] == ["m", f"layer_{i}"]
+    assert at["adam/lr/Read"] == "adam/lr/Read" and at["adam/lr"] in ("adam/lr", "adam/lr/Read")
+    gr = group(g, 2 * L)
+    grp = dict(zip(g.names, gr.op_group.tolist()))
+    own = [{grp[f"m/layer_{i}/MatMul"], grp[f"gradient_tape/m/layer_{i}/MatMul/MatMul_1"]} for i in range(L)]
+    for i in range(L):
+        assert grp[f"adam/AssignSubVariableOp_{i}"] in own[i] and grp[f"layer_{i}/kernel"] in own[i]
+        assert not own[i] & own[(i + 1) % L]

@@ -10,14 +10,18 @@ Steps, in order; no step ever splits a co-location group:
   4. cluster along the *forward* order within name scopes: every op gets an anchor (a gradient op
      `gradients/<op>_grad/...` or `gradient_tape/<op>/...` is anchored at its forward op `<op>`, an optimizer
      update `Adam/update_<var>/...` at `<var>`, an op with no scope of its own, such as a gradient sum
-     `AddN_8`, at its heaviest input's anchor, any other op at itself) and a scope (the anchor's name scope
-     cut at depth d, d the deepest level with at most G significant scopes: `encoder/layer_0`, `softmax`...);
+     `AddN_8`, at its heaviest input's anchor, an update of a flat optimizer such as Keras 3's `adam/Mul_239`
+     at its gradient's anchor, a variable with no layer scope at its first reader's, any other op at itself)
+     and a scope: the anchor's name scope cut along the scope tree, each op at its deepest significant scope
+     while the scopes number under G (`encoder/layer_0/attention`, `encoder/layer_0` for the layer's small
+     sub-scopes, `softmax`...);
      each significant scope gets a share of the G groups in proportion to its compute (≥ 1), and its units,
      sorted by their anchors' topological position, are cut into that many contiguous runs of balanced
      compute. So a layer's forward and backward ops share groups (no activation crosses devices just
      because its gradient was grouped elsewhere), no group straddles two layers, and the hand-made rule
-     "layer i on GPU f(i)" stays expressible at the group level. Insignificant scopes (cost below a quarter
-     of a mean group) share a "misc" budget.
+     "layer i on GPU f(i)" stays expressible at the group level. A scope is significant when it costs at
+     least a quarter of a mean group; ops under no significant scope (hubs such as the learning rate or the
+     step counter) share a "misc" budget.
 CPU-only units (ops with no GPU kernel, whole co-location group) are never merged with GPU-capable ones: their
 groups are `cpu_only` and the policy may only put them on the CPU.
 
@@ -46,8 +50,6 @@ TINY_FRACTION = 0.02
 CHAIN_CAP_FRACTION = 0.5
 # a scope is significant (gets groups of its own) when it costs at least this fraction of the mean group cost
 SCOPE_FRACTION = 0.25
-# ...and name scopes go one level deeper only while significant scopes keep this share of the compute
-SCOPE_COVERAGE = 0.8
 # with `split_by`, groups are split exactly along the placement's devices unless that multiplies them beyond this
 REFINE_FACTOR = 2
 _GRAD_PREFIX = re.compile(r"^(?:gradients(?:_\d+)?|gradient_tape)/")
@@ -99,7 +101,80 @@ def anchors(graph: OpGraph) -> tuple[np.ndarray, list[list[str]]]:
             j = int(first[i])
             if j >= 0 and not scopes[i] and anchor[i] == i:
                 anchor[i], scopes[i] = anchor[j], scopes[j]
+        _anchor_updates(graph, anchor, scopes, ebytes)
     return anchor, scopes
+
+
+def _anchor_updates(graph: OpGraph, anchor: np.ndarray, scopes: list[list[str]], ebytes: np.ndarray) -> None:
+    """Anchor a flat optimizer (Keras 3's `adam/Mul_239`, `scaled_adam/AssignSubVariableOp_73`: no per-variable
+    scope to read) and the variables at the layers they belong to, in place:
+      - an update op (downstream of a gradient op, upstream of none, not itself a gradient op) takes the anchor
+        of its heaviest input that is a gradient or an already anchored update op, in topological order: so
+        `m = b1*m + (1-b1)*g` follows its gradient `g`, not the scalar `b1`;
+      - an op feeding only updates (a slot variable and its reads) takes its consumers' anchor when they all
+        share one, in reverse order; a hub feeding every layer (the learning rate, the step counter) stays put;
+      - a variable (persistent bytes, no inputs) that anchors at itself takes the anchor of its earliest
+        reader, so `layer_2/kernel` joins `model/layer_2/MatMul` even when the two scopes are spelt apart.
+    """
+    n = graph.num_ops
+    src, dst = graph.edge_src, graph.edge_dst
+    is_grad = np.fromiter((bool(_GRAD_PREFIX.match(nm)) for nm in graph.names), bool, n)
+    if not is_grad.any():
+        return
+    # feeds[i]: i is an ancestor of a gradient op (forward ops, variables); below[i]: a descendant of one
+    order_rev = np.argsort(-src, kind="stable")
+    feeds = is_grad.copy()
+    for s, d in zip(src[order_rev].tolist(), dst[order_rev].tolist()):
+        if feeds[d]:
+            feeds[s] = True
+    order_fwd = np.argsort(src, kind="stable")
+    below = is_grad.copy()
+    for s, d in zip(src[order_fwd].tolist(), dst[order_fwd].tolist()):
+        if below[s]:
+            below[d] = True
+    own = anchor == np.arange(n)
+    update = below & ~feeds & ~is_grad & own
+    # update ops, in topological order (by destination): heaviest gradient/update input
+    best_w = np.full(n, -1.0)
+    best_j = np.full(n, -1, np.int64)
+    done = np.zeros(n, bool)
+    by_dst = np.argsort(dst, kind="stable")
+    k = 0
+    E = len(dst)
+    for i in np.flatnonzero(update).tolist():
+        while k < E and dst[by_dst[k]] < i:
+            k += 1
+        e = k
+        while e < E and dst[by_dst[e]] == i:
+            j = int(src[by_dst[e]])
+            if (is_grad[j] or done[j]) and ebytes[by_dst[e]] > best_w[i]:
+                best_w[i], best_j[i] = ebytes[by_dst[e]], j
+            e += 1
+        j = int(best_j[i])
+        if j >= 0:
+            anchor[i], scopes[i] = anchor[j], scopes[j]
+            done[i] = True
+    # ops feeding only anchored updates, in reverse topological order: their consumers' one shared anchor
+    feeder = ~feeds & ~below & own
+    cons_anchor = np.full(n, -1, np.int64)   # -1 none yet, -2 several
+    for s, d in zip(src[order_rev].tolist(), dst[order_rev].tolist()):
+        if not feeder[s] or cons_anchor[s] == -2:
+            continue
+        a = int(anchor[d]) if done[d] else int(cons_anchor[d]) if feeder[d] and cons_anchor[d] >= 0 else -2
+        cons_anchor[s] = a if cons_anchor[s] in (-1, a) else -2
+    for i in np.flatnonzero(feeder & (cons_anchor >= 0)).tolist()[::-1]:
+        a = int(cons_anchor[i])
+        anchor[i], scopes[i] = anchor[a], scopes[a]
+    # variables anchored at themselves: their earliest reader's anchor
+    has_in = np.zeros(n, bool)
+    has_in[dst] = True
+    var = (graph.persistent_bytes > 0) & ~has_in & (anchor == np.arange(n))
+    if var.any():
+        first_reader = np.full(n, n, np.int64)
+        np.minimum.at(first_reader, src, dst)
+        for i in np.flatnonzero(var & (first_reader < n)).tolist():
+            j = int(first_reader[i])
+            anchor[i], scopes[i] = anchor[j], scopes[j]
 
 
 def default_max_groups(num_devices: int) -> int:
@@ -316,24 +391,27 @@ def _refine(op_group: np.ndarray, split: np.ndarray, max_groups: int) -> tuple[n
 
 
 def _choose_scopes(parts: list[list[str]], cost: np.ndarray, max_groups: int, significant: float) -> np.ndarray:
-    """Scope id per op: the name scope at the deepest depth d whose significant scopes (cost ≥ `significant`)
-    number at most max_groups - 1 (one group is kept for the rest) and cover ≥ SCOPE_COVERAGE of the compute. Ops in insignificant scopes share id 0
-    ("misc"). Returns int64[n]."""
+    """Scope id per op, a tree cut of the name scopes: going one level deeper at a time, an op takes its
+    depth-d scope when that scope is significant (cost ≥ `significant`) and otherwise keeps the scope it had at
+    depth d - 1, so a layer's small sub-scope (`layer_3/attn_out`) stays with its layer instead of joining the
+    other layers' small sub-scopes; deeper only while the scopes number at most max_groups - 1 (one group is kept
+    for the rest). Ops in no significant scope at any depth share id 0 ("misc"). Returns int64[n]."""
     n = len(parts)
     best = np.zeros(n, np.int64)
-    total = float(cost.sum())
+    prev = np.asarray([""] * n, dtype=object)
     max_depth = max((len(p) for p in parts), default=0)
     for d in range(1, max_depth + 1):
-        keys = ["/".join(p[:d]) for p in parts]
-        uniq, inv = np.unique(np.asarray(keys, dtype=object), return_inverse=True)
+        keys = np.asarray(["/".join(p[:d]) if len(p) >= d else "" for p in parts], dtype=object)
+        uniq, inv = np.unique(keys, return_inverse=True)
         sc_cost = np.bincount(inv, weights=cost, minlength=len(uniq))
         sig = (sc_cost >= significant) & (uniq != "")
-        # deeper only while the significant scopes fit the budget and still hold most of the compute
-        if int(sig.sum()) > max_groups - 1 or sc_cost[sig].sum() < SCOPE_COVERAGE * total:
+        cand = np.where(sig[inv], keys, prev)
+        cu, cinv = np.unique(cand, return_inverse=True)
+        if int((cu != "").sum()) > max_groups - 1:
             break
-        ids = np.zeros(len(uniq), np.int64)
-        ids[sig] = np.arange(1, int(sig.sum()) + 1)
-        best = ids[inv]
+        prev = cand
+        ids = np.where(cu == "", 0, np.cumsum(cu != ""))
+        best = ids[cinv]
     return best
 
 
