@@ -131,3 +131,31 @@ def test_gpt_whose_weights_the_gpus_cannot_hold_is_one_line_naming_the_bytes(gpt
     assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "needs at least" in err and "hold" in err and "/GPU:0" in err and "/GPU:1" in err, err
     assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_gpt_groups_keep_each_layer_with_its_optimizer_updates(gpt16):
+    """Keras 3's flat optimizer (`adam/Mul_12`, `adam/AssignSubVariableOp_3`) and its variables (`layer_0/kernel`,
+    read in `gpt_1/layer_0_1/...`) are grouped with their layers: no group holds two layers' ops (variables aside),
+    and every update of a layer's variable lies in a group of that layer."""
+    import re
+
+    from placer.graphs.group import group
+
+    gr = group(gpt16, 40)
+    layer = re.compile(r"(?:^|/)layer_(\d+)")
+    layers_of: dict[int, set] = {}
+    for nm, t, k in zip(gpt16.names, gpt16.types, gr.op_group.tolist()):
+        m = layer.search(nm)
+        # a few slot variables read by more than one layer's ops stay in a shared group: variables are not checked
+        if m and t != "VarHandleOp":
+            layers_of.setdefault(k, set()).add(m.group(1))
+    assert layers_of and all(len(v) == 1 for v in layers_of.values()), layers_of
+    index = {nm: i for i, nm in enumerate(gpt16.names)}
+    checked = 0
+    for s, d in zip(gpt16.edge_src.tolist(), gpt16.edge_dst.tolist()):
+        var, op = gpt16.names[s], gpt16.names[d]
+        m = re.match(r"layer_(\d+)/", var)
+        if m and gpt16.types[d] in ("AssignSubVariableOp", "AssignVariableOp", "AssignAddVariableOp"):
+            assert layers_of.get(int(gr.op_group[index[op]])) == {m.group(1)}, (var, op)
+            checked += 1
+    assert checked >= 4
