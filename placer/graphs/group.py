@@ -109,7 +109,7 @@ def _anchor_updates(graph: OpGraph, anchor: np.ndarray, scopes: list[list[str]],
     """Anchor a flat optimizer (Keras 3's `adam/Mul_239`, `scaled_adam/AssignSubVariableOp_73`: no per-variable
     scope to read) and the variables at the layers they belong to, in place:
       - an update op (downstream of a gradient op, upstream of none, not itself a gradient op) takes the anchor
-        of its heaviest input that is a gradient or an already anchored op below one, in topological order: so
+        of its heaviest input that is a gradient or an already anchored update op, in topological order: so
         `m = b1*m + (1-b1)*g` follows its gradient `g`, not the scalar `b1`;
       - an op feeding only updates (a slot variable and its reads) takes its consumers' anchor when they all
         share one, in reverse order; a hub feeding every layer (the learning rate, the step counter) stays put;
@@ -137,9 +137,7 @@ def _anchor_updates(graph: OpGraph, anchor: np.ndarray, scopes: list[list[str]],
     # update ops, in topological order (by destination): heaviest gradient/update input
     best_w = np.full(n, -1.0)
     best_j = np.full(n, -1, np.int64)
-    # an op below a gradient that an earlier rule anchored (fp16 loss unscaling `truediv_13`, a scoped update)
-    # counts as a gradient too: it carries one variable's gradient to its update
-    done = below & ~own
+    done = np.zeros(n, bool)
     by_dst = np.argsort(dst, kind="stable")
     k = 0
     E = len(dst)
