@@ -115,6 +115,12 @@ def _anchor_updates(graph: OpGraph, anchor: np.ndarray, scopes: list[list[str]],
         share one, in reverse order; a hub feeding every layer (the learning rate, the step counter) stays put;
       - a variable (persistent bytes, no inputs) that anchors at itself takes the anchor of its earliest
         reader, so `layer_2/kernel` joins `model/layer_2/MatMul` even when the two scopes are spelt apart.
+    Not further: in a Keras 3 fp16 model most optimizer ops (the weight's own write reads its slot variables, not
+    the gradient) stay unanchored and form groups of their own. Anchoring them too (every write at its variable's
+    layer, the loss-unscaled gradient as an anchored input) was measured worse (benchmarks/grouped_start.py,
+    simulated, annealing at 1,000 evaluations, mean of seeds 0-2, 2026-12-04): gpt@DGX1:fp16 0.3349 -> 0.3465 s
+    (0.3724 s with the unscaled gradient too), clip@DGX1:fp16 0.2701 -> 0.2766 (0.3068): optimizer groups of
+    their own likely let a search spread the update work over idle devices (not verified).
     """
     n = graph.num_ops
     src, dst = graph.edge_src, graph.edge_dst
