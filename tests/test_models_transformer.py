@@ -135,8 +135,9 @@ def test_gpt_whose_weights_the_gpus_cannot_hold_is_one_line_naming_the_bytes(gpt
 
 def test_gpt_groups_keep_each_layer_with_its_optimizer_updates(gpt16):
     """Keras 3's flat optimizer (`adam/Mul_12`, `adam/AssignSubVariableOp_3`) and its variables (`layer_0/kernel`,
-    read in `gpt_1/layer_0_1/...`) are grouped with their layers: no group holds two layers' ops (variables aside),
-    and every update of a layer's variable lies in a group of that layer."""
+    read in `gpt_1/layer_0_1/...`) are grouped with their layers on the tiny gpt: no group holds two layers' ops
+    (variables aside), and every update of a layer's variable lies in a group of that layer. (On the full gpt most
+    optimizer ops form groups of their own, by measurement: `_anchor_updates`' docstring.)"""
     import re
 
     from placer.graphs.group import group
