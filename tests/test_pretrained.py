@@ -231,7 +231,7 @@ def test_search_from_a_policy_fine_tunes_and_resumes(tmp_path, nmt_tiny):
     p = build_problem(nmt_tiny, "3xK80", seed=0)
     try:
         r = search(p, budget_seconds=600, max_updates=2, policy=w, out_dir=tmp_path / "run",
-                   config=ReinforceConfig(num_samples=4, zero_shot_samples=8))
+                   config=ReinforceConfig(num_samples=4, zero_shot_samples=8, imitation_steps=20))
         assert r.extra["updates"] == 2 and r.extra["zero_shot"]["samples"] == 8
         assert r.extra["config"]["portable"] is True
         r2 = search(p, budget_seconds=600, max_updates=4, out_dir=tmp_path / "run", resume=True)
@@ -253,7 +253,7 @@ def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines
     p = build_problem(nmt_tiny, "3xK80", seed=0)
     try:
         cfg = ReinforceConfig(seed=0, portable=True, hidden_size=32, attn_size=16, num_samples=4,
-                              zero_shot_samples=4)
+                              zero_shot_samples=4, imitation_steps=20)     # where it starts, not how well it fits
         s = Search(p.grouping, p.simulator, cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg,
                    baselines=p.baselines, progress=False, tensorboard=False,
                    policy_inputs=lambda: policy_inputs(p), pretrained=w)

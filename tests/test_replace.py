@@ -141,12 +141,15 @@ class _Dying:
 def test_measured_search_drops_a_dead_device_and_replaces_on_the_survivors(tmp_path):
     from placer.graphs.models import build_model
     from placer.problem import build_problem
+    from placer.rl.reinforce import ReinforceConfig
     from placer.search import search
 
     problem = build_problem(build_model("nmt", "tiny"), "4xK80", seed=0)
     n_base = len(problem.baselines)
     ev = _Dying(problem, victim=3, after=n_base + 40)               # dies in the search's fifth update
-    res = search(problem, ev, reward="measure", budget_seconds=120, max_updates=6, out_dir=tmp_path / "d")
+    cfg = ReinforceConfig.for_reward("measure", seed=0, elite_steps=5)   # about the drop, not the fit
+    res = search(problem, ev, reward="measure", budget_seconds=120, max_updates=6, out_dir=tmp_path / "d",
+                 config=cfg)
     s = json.loads((tmp_path / "d" / "summary.json").read_text())
     assert [d["devices"] for d in s["dropped"]] == [["/GPU:3"]], s.get("dropped")
     assert "is down" in s["dropped"][0]["reason"] and s["dropped"][0]["after_evaluations"] >= n_base + 40

@@ -164,7 +164,7 @@ def test_policy_variables_and_ops_are_pinned_to_the_cpu():
     assert POLICY_DEVICE == "/CPU:0"
     for v in list(agent.policy.variables) + [getattr(v, "value", v) for v in agent.optimizer.variables]:
         assert "CPU" in v.device, (v.name, v.device)
-    fns = [agent.policy._sample_fn, agent.policy._decode_fn, agent._train, agent._imitate_fn]
+    fns = [agent.policy._sample_fn, agent.policy._decode_fn, agent._step_fn]
     graphs = [c.graph for f in fns for c in f._list_all_concrete_functions()]
     assert graphs
     seen = 0
@@ -177,3 +177,28 @@ def test_policy_variables_and_ops_are_pinned_to_the_cpu():
             assert "CPU" in op.device.upper(), (g.name, op.name, op.type, op.device)
             seen += 1
     assert seen > 50
+
+
+def test_one_traced_step_fits_imitation_to_the_softmax_and_reinforce_to_the_mixture():
+    """REINFORCE and imitation share one traced step (`Reinforce._step_fn`): a REINFORCE step scores its samples
+    under the exploration mixture, an imitation step under the softmax alone, and neither retraces."""
+    G, D = 6, 3
+    agent = Reinforce(np.random.default_rng(4).random((G, 4), dtype=np.float32), np.ones((G, D), bool),
+                      ReinforceConfig(hidden_size=16, attn_size=8))
+    assert agent.policy.explore > 0
+    x, _ = agent.sample(4)
+    zeros = np.zeros((4, G, D), np.float32)
+    mixed, _ = agent.policy.log_probs(x)                  # teacher forcing, under the mixture
+    soft, _ = agent.policy._log_probs(tf.constant(x), tf.constant(zeros), 0.0, mixture=False)
+    eps, p = agent.policy.explore, np.exp(agent.policy.group_log_probs(x))             # [4, G, D]
+    by_hand = np.log((1 - eps) * np.take_along_axis(p, x[..., None], -1)[..., 0] + eps / D).sum(1)
+    np.testing.assert_allclose(mixed.numpy(), by_hand, rtol=1e-5)
+    assert not np.allclose(mixed.numpy(), soft.numpy(), rtol=1e-4)
+    nll = float(agent._imitate_fn(tf.constant(x), tf.constant(x)))      # scored before its update
+    assert nll == pytest.approx(-float(soft[0]) / G, rel=1e-5)
+    mixed_now, _ = agent.policy.log_probs(x)
+    *_, logp = agent._train(tf.constant(x), tf.constant(zeros), tf.constant(0.0), tf.constant(np.ones(4, np.float32)))
+    np.testing.assert_allclose(logp.numpy(), mixed_now.numpy(), rtol=1e-5)
+    agent.imitate(x[1], max_steps=2)
+    agent.learn(x, zeros, -np.ones(4))
+    assert agent._step_fn.experimental_get_tracing_count() == 1

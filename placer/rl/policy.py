@@ -196,22 +196,24 @@ class PolicyCommon:
             return a.numpy(), eps.numpy()
 
     # ---------------------------------------------------------------- scoring (teacher forcing)
-    def _log_probs(self, actions: tf.Tensor, noise: tf.Tensor, noise_scale: tf.Tensor, mixture: bool = True,
+    def _log_probs(self, actions: tf.Tensor, noise: tf.Tensor, noise_scale: tf.Tensor, mixture=True,
                    history: tf.Tensor | None = None):
-        """mixture=False scores under the softmax alone (imitation fits π itself, not the exploration mix).
+        """mixture=False (a bool or a boolean tensor) scores under the softmax alone (imitation fits π itself, not
+        the exploration mix).
         history: int32[K, G] devices fed to the decoder as the previous groups' choices (default: `actions`,
         i.e. teacher forcing); imitation feeds perturbed histories so the policy keeps its choice for a group
         when an earlier group was placed elsewhere."""
         with tf.device(POLICY_DEVICE):
             logsm = self._log_softmax(actions if history is None else history, noise, noise_scale)
             p = tf.exp(logsm)
-            if mixture and self.explore > 0:   # log-probability under the mixture (1-ε)·π + ε·uniform(allowed)
+            logp = tf.reduce_sum(tf.gather(logsm, actions, batch_dims=2), axis=1)                  # [K]
+            if mixture is not False and self.explore > 0:   # under the mixture (1-ε)·π + ε·uniform(allowed)
                 allowed = tf.cast(self.allowed, tf.float32)
                 uniform = allowed / tf.reduce_sum(allowed, -1, keepdims=True)                      # [G, D]
                 mix = tf.math.log((1.0 - self.explore) * p + self.explore * uniform[None] + 1e-30)
-                logp = tf.reduce_sum(tf.gather(mix, actions, batch_dims=2), axis=1)
-            else:
-                logp = tf.reduce_sum(tf.gather(logsm, actions, batch_dims=2), axis=1)             # [K]
+                mixed = tf.reduce_sum(tf.gather(mix, actions, batch_dims=2), axis=1)
+                # `mixture` may be a boolean tensor (one traced step for REINFORCE and imitation)
+                logp = mixed if mixture is True else tf.where(mixture, mixed, logp)
             entropy = -tf.reduce_mean(tf.reduce_sum(tf.where(self.allowed[None], p * logsm, 0.0), -1), axis=1)
             return logp, entropy
 

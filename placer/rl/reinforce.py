@@ -182,10 +182,12 @@ class Reinforce:
         self.baseline: float | None = None     # EMA of mean batch reward; set by the first batch
         self.updates = 0                       # completed learn() calls
         G, D = self.policy.num_groups, self.policy.num_devices
-        self._train = tf.function(self._train_step, input_signature=[
-            tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G, D], tf.float32),
-            tf.TensorSpec([], tf.float32), tf.TensorSpec([None], tf.float32)], autograph=False)
-        self._imitate_fn = tf.function(self._imitate_step, autograph=False)
+        # one traced step for REINFORCE and imitation (tracing a step took ~3 s of a new agent's first update,
+        # measured: one function instead of two saves that once per agent; its fixed signature never retraces)
+        self._step_fn = tf.function(self._fit_step, input_signature=[
+            tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G], tf.int32),
+            tf.TensorSpec([None, G, D], tf.float32), tf.TensorSpec([], tf.float32), tf.TensorSpec([None], tf.float32),
+            tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.float32)], autograph=False)
         self._np_rng = np.random.default_rng(cfg.seed + 1)   # perturbed histories (checkpointed)
 
     @property
@@ -200,28 +202,35 @@ class Reinforce:
     def rewards(self, step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:
         return reward_of(np.asarray(step_times, np.float64), np.asarray(failed, bool), failure_step_time)
 
-    def _train_step(self, actions, noise, noise_scale, advantages):
+    def _fit_step(self, actions, history, noise, noise_scale, weights, mixture, entropy_coef):
+        """One Adam step on -mean(weights · log π(actions | history)) / G - entropy_coef · entropy. REINFORCE
+        (`learn`): weights are the advantages, history = actions (teacher forcing), log-probabilities under the
+        exploration mixture (`mixture`). Imitation (`imitate_set`): weights 1, perturbed histories, no noise, the
+        softmax alone, no entropy term. Returns (loss, entropy, global gradient norm, log-probabilities [K])."""
         with tf.device(POLICY_DEVICE):
             G = float(self.policy.num_groups)
             with tf.GradientTape() as tape:
-                logp, entropy = self.policy._log_probs(actions, noise, noise_scale)
-                pg_loss = -tf.reduce_mean(advantages * logp) / G      # per group, so entropy_coef is per decision
+                logp, entropy = self.policy._log_probs(actions, noise, noise_scale, mixture=mixture, history=history)
+                pg_loss = -tf.reduce_mean(weights * logp) / G       # per group, so entropy_coef is per decision
                 entropy = tf.reduce_mean(entropy)
-                loss = pg_loss - self.config.entropy_coef * entropy
+                loss = pg_loss - entropy_coef * entropy
             grads = tape.gradient(loss, self.variables)
             grad_norm = tf.linalg.global_norm(grads)
             self.optimizer.apply_gradients(zip(grads, self.variables))   # clips to grad_clip (global norm)
             return loss, entropy, grad_norm, logp
 
-    def _imitate_step(self, actions, history):
-        with tf.device(POLICY_DEVICE):
-            with tf.GradientTape() as tape:
-                noise = tf.zeros([tf.shape(actions)[0], self.policy.num_groups, self.policy.num_devices])
-                logp, _ = self.policy._log_probs(actions, noise, 0.0, mixture=False, history=history)
-                loss = -tf.reduce_mean(logp) / float(self.policy.num_groups)
-            grads = tape.gradient(loss, self.variables)
-            self.optimizer.apply_gradients(zip(grads, self.variables))
-            return -logp[0] / float(self.policy.num_groups)        # row 0: the unperturbed history
+    def _train(self, actions, noise, noise_scale, advantages):
+        """A REINFORCE step (the fit step with the mixture, the entropy bonus and teacher forcing)."""
+        return self._step_fn(actions, actions, noise, noise_scale, advantages, tf.constant(True),
+                             tf.constant(float(self.config.entropy_coef), tf.float32))
+
+    def _imitate_fn(self, actions, history):
+        """An imitation step: -log π(row 0) / G, the first (unperturbed) row's per-group negative log-likelihood."""
+        G, D = self.policy.num_groups, self.policy.num_devices
+        n = int(actions.shape[0])
+        _, _, _, logp = self._step_fn(actions, history, tf.zeros([n, G, D]), tf.constant(0.0), tf.ones([n]),
+                                      tf.constant(False), tf.constant(0.0))
+        return -logp[0] / float(G)
 
     def _histories(self, group_devices: np.ndarray, rows: int) -> np.ndarray:
         """`rows` copies of a placement as decoder histories: row 0 as is, the others with each group replaced
