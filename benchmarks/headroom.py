@@ -15,6 +15,8 @@ Reads only recorded runs (all simulated):
   * the policy's 300 s searches of the K80 table: `search_best_s` in results/results.json;
   * the 120 s equal-wall cells in results/wall120/*results.json (`placer bench ... --budget 120`, annealing on):
     the policy's `search_best_s` and annealing's `anneal_s`;
+  * every equal-wall run of results/bench_wall.jsonl (`bench_wall.py`, any tag: annealing and the search, several
+    seeds; `best_s`), counted in "best known" only;
   * every policy run at 1,000 evaluations in results/bench_anneal.jsonl (`policy_s_seeds`).
 "Best known" is the fastest placement any of these found. If it is within x% of annealing's mean at 1,000
 evaluations, no method can beat that mean by more than x% in the cell (on what is known): the ceiling.
@@ -43,6 +45,8 @@ def table(policy_config: dict | None = None) -> list[dict]:
     tune = _lines(RESULTS / "bench_anneal_tune.jsonl")
     bench = json.loads((RESULTS / "results.json").read_text()) if (RESULTS / "results.json").exists() else []
     wall = [c for f in sorted((RESULTS / "wall120").glob("*results.json")) for c in json.loads(f.read_text())]
+    walls = [r for r in _lines(RESULTS / "bench_wall.jsonl") if r.get("bench") == "wall" and r.get("best_s") is not None
+             and r.get("size", "full") == "full" and r.get("problem_seed", 0) == 0]
     rows = []
     for model, gpus in CELLS:
         cluster = f"{gpus}xK80"
@@ -59,7 +63,8 @@ def table(policy_config: dict | None = None) -> list[dict]:
         wall_pol = [c["search_best_s"] for c in w120 if c.get("search_best_s") is not None]
         if ann is None:
             continue
-        found = [v for v in [*ann, *long, *b300, *pol, *wall_ann, *wall_pol] if v is not None]
+        seeds_wall = [r["best_s"] for r in walls if r["model"] == model and r["cluster"] == cluster]
+        found = [v for v in [*ann, *long, *b300, *pol, *wall_ann, *wall_pol, *seeds_wall] if v is not None]
         best = min(found)
         mean = statistics.mean(ann)
         row = {"model": model, "gpus": gpus, "anneal_1000_mean_s": mean, "anneal_20000_s": long,
