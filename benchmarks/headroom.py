@@ -45,7 +45,7 @@ def table(policy_config: dict | None = None) -> list[dict]:
     tune = _lines(RESULTS / "bench_anneal_tune.jsonl")
     bench = json.loads((RESULTS / "results.json").read_text()) if (RESULTS / "results.json").exists() else []
     wall = [c for f in sorted((RESULTS / "wall120").glob("*results.json")) for c in json.loads(f.read_text())]
-    walls = [r for r in _lines(RESULTS / "bench_wall.jsonl") if r.get("bench") == "wall" and r.get("best_s") is not None
+    wall_runs = [r for r in _lines(RESULTS / "bench_wall.jsonl") if r.get("bench") == "wall" and r.get("best_s") is not None
              and r.get("size", "full") == "full" and r.get("problem_seed", 0) == 0]
     rows = []
     for model, gpus in CELLS:
@@ -63,7 +63,7 @@ def table(policy_config: dict | None = None) -> list[dict]:
         wall_pol = [c["search_best_s"] for c in w120 if c.get("search_best_s") is not None]
         if ann is None:
             continue
-        seeds_wall = [r["best_s"] for r in walls if r["model"] == model and r["cluster"] == cluster]
+        seeds_wall = [r["best_s"] for r in wall_runs if r["model"] == model and r["cluster"] == cluster]
         found = [v for v in [*ann, *long, *b300, *pol, *wall_ann, *wall_pol, *seeds_wall] if v is not None]
         best = min(found)
         mean = statistics.mean(ann)
