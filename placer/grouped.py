@@ -97,11 +97,14 @@ def group_key(groups: np.ndarray) -> bytes:
 
 def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k: int, seen: set[bytes], *,
                block_prob: float = 0.1, block_max: int = 8, movable: np.ndarray | None = None, tries: int = 20,
-               max_depth: int = 4) -> list[np.ndarray]:
+               max_depth: int = 4, links: np.ndarray | None = None) -> list[np.ndarray]:
     """Up to `k` distinct neighbours of the group placement `cur` whose `group_key` is not in `seen`: a single
     movable group (`movable`: default, the groups with more than one allowed device) to another allowed device,
     or, with probability `block_prob`, a block (a contiguous run of 2..`block_max` groups, in group order, which is
-    topological order) to one device, each group of the run that may use it. When random draws find none (the
+    topological order) to one device, each group of the run that may use it. With `links` (float[G, G], the bytes
+    or a monotone score of them sent from group i to group j, e.g. `Grouping.adjacency`) a block is instead grown
+    from a random movable group by its heaviest links (`linked_block`): a layer's groups, which group order need
+    not keep together, move as one. When random draws find none (the
     neighbourhood is used up), neighbours two, three... moves away are drawn instead. A block move may leave `cur`
     as it is: put `cur`'s key in `seen` to exclude it. The annealer's moves
     (`placer.baselines.anneal`) and the search's local moves (`placer.rl.search`, `ReinforceConfig.local_moves`).
@@ -127,8 +130,11 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
             for _ in range(depth):
                 if rng.random() < block_prob and G >= 2:
                     length = int(rng.integers(2, min(block_max, G) + 1))
-                    i = int(rng.integers(0, G - length + 1))
-                    run = np.arange(i, i + length)
+                    if links is None:
+                        i = int(rng.integers(0, G - length + 1))
+                        run = np.arange(i, i + length)
+                    else:
+                        run = linked_block(links, int(rng.choice(movable)), length)
                     d = int(rng.choice(np.flatnonzero(allowed[run].any(axis=0))))
                     new[run] = np.where(allowed[run, d], d, new[run])
                 else:
@@ -144,6 +150,29 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
         if out:
             break
     return out
+
+
+def linked_block(links: np.ndarray, start: int, length: int) -> np.ndarray:
+    """Up to `length` groups grown from `start`: each step adds the group with the heaviest links (both
+    directions) to the groups taken so far; stops early when no group is linked to them.
+
+    >>> links = np.array([[0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 5, 0]], float)
+    >>> linked_block(links, 0, 3).tolist(), linked_block(links, 2, 3).tolist()
+    ([0, 1], [2, 3])
+    """
+    w = np.asarray(links, float)
+    w = w + w.T
+    score = w[start].copy()
+    taken = [start]
+    score[start] = -np.inf
+    while len(taken) < length:
+        j = int(np.argmax(score))
+        if not score[j] > 0:
+            break
+        taken.append(j)
+        score += w[j]
+        score[taken] = -np.inf
+    return np.asarray(taken)
 
 
 def accept_move(delta: np.ndarray, temp: float, rule: str, rng: np.random.Generator) -> int | None:

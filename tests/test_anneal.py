@@ -179,3 +179,29 @@ def test_policy_and_anneal_count_evaluations_the_same_way():
     last = e0 + sum(new)
     assert best_within(curve, last) <= start and best_within(curve, last + 1) is None
     assert best_within(ann.history, 100) == pytest.approx(ann.step_time) and ann.step_time <= start
+
+
+def test_linked_blocks_move_a_layer_that_group_order_splits():
+    """With the grouping's links (the default `block="linked"`) a block move takes groups that are linked to each
+    other, wherever they sit in group order: here the "layer" 0, 3, 6, which a run in group order never holds
+    alone. Every block neighbour moves a connected set of groups."""
+    from placer.grouped import group_key, neighbours
+
+    G = 8
+    links = np.zeros((G, G))
+    links[0, 3] = links[3, 6] = 1.0      # one layer: 0 -> 3 -> 6
+    links[1, 2] = links[4, 5] = 0.5
+    allowed = np.ones((G, 2), bool)
+    cur = np.zeros(G, np.int64)
+    nb = neighbours(cur, allowed, np.random.default_rng(0), 40, {group_key(cur)}, block_prob=1.0, block_max=3,
+                    links=links)
+    moved = [tuple(np.flatnonzero(n != cur)) for n in nb]
+    sym = links + links.T
+    for m in moved:     # connected in the links graph
+        reach = {m[0]}
+        for _ in m:
+            reach |= {j for i in reach for j in m if sym[i, j] > 0}
+        assert reach == set(m), m
+    assert (0, 3, 6) in moved
+    runs = neighbours(cur, allowed, np.random.default_rng(0), 40, {group_key(cur)}, block_prob=1.0, block_max=3)
+    assert (0, 3, 6) not in [tuple(np.flatnonzero(n != cur)) for n in runs]

@@ -202,3 +202,44 @@ def test_one_traced_step_fits_imitation_to_the_softmax_and_reinforce_to_the_mixt
     agent.imitate(x[1], max_steps=2)
     agent.learn(x, zeros, -np.ones(4))
     assert agent._step_fn.experimental_get_tracing_count() == 1
+
+
+def test_a_collected_agents_traced_policy_serves_the_next_agent_with_a_new_builds_values():
+    """An agent that is garbage-collected hands its traced policy, Adam and step to the next agent of the same
+    shapes (`placer.rl.reinforce._own_core`): that agent samples and learns exactly as a new build for its seed,
+    graph and learning rate does, with no new trace; two live agents never share one."""
+    import gc
+
+    G, D = 6, 3
+    rng = np.random.default_rng(5)
+    feats_a, feats_b = rng.random((G, 4), dtype=np.float32), rng.random((G, 4), dtype=np.float32)
+    allowed_b = np.ones((G, D), bool)
+    allowed_b[2, 0] = False
+    small = dict(hidden_size=16, attn_size=8)
+
+    def run(agent):
+        x, noise = agent.sample(4)
+        stats = agent.learn(x, noise, -np.arange(4.0))
+        agent.imitate(x[0], max_steps=2)
+        return x, stats, agent.sample(4)[0], agent.get_state()
+
+    a = Reinforce(feats_a, np.ones((G, D), bool), ReinforceConfig(seed=0, **small))
+    run(a)
+    a.learn(*a.sample(4), -np.arange(4.0))        # Adam state and RNG moved on: the next agent must not see them
+    traced, step = a.policy, a._step_fn
+    del a
+    gc.collect()
+    b = Reinforce(feats_b, allowed_b, ReinforceConfig(seed=3, learning_rate=1e-3, **small))
+    assert b.policy is traced and b._step_fn is step                     # handed on
+    fresh = Reinforce(feats_b, allowed_b, ReinforceConfig(seed=3, learning_rate=1e-3, **small))
+    assert fresh.policy is not b.policy                                  # b is alive: a new build
+    got, want = run(b), run(fresh)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1]
+    np.testing.assert_array_equal(got[2], want[2])
+    assert not (got[0][:, 2] == 0).any()                                 # b's own mask
+    for k, v in want[3]["policy"].items():
+        np.testing.assert_array_equal(got[3]["policy"][k], v)
+    for u, v in zip(got[3]["optimizer"], want[3]["optimizer"]):
+        np.testing.assert_array_equal(u, v)
+    assert step.experimental_get_tracing_count() == 1

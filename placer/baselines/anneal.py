@@ -14,9 +14,11 @@ counts them, so at N evaluations both methods have had the same N simulator call
 grouped version of the one whose failure is charged least is the start, one more evaluation; the policy then
 starts cold.)
 
-Moves, all neighbours of the current placement: a single group to another allowed device, or a block (a
-contiguous run of 2..`block_max` groups in group order, which is topological order) to one device (each group
-of the run that may use it). A batch of `batch` distinct moves is evaluated in one Evaluator call (the simulator
+Moves, all neighbours of the current placement: a single group to another allowed device, or a block of
+2..`block_max` groups to one device (each group of the block that may use it). A block is grown from a random
+group by the grouping's heaviest links (`placer.grouped.linked_block`; `block="linked"`, the default), so a
+layer whose groups group order does not keep together (an LSTM layer's forward, backward and weight groups)
+moves as one; `block="run"` takes a contiguous run in group order (topological order), as before 2026-12-04. A batch of `batch` distinct moves is evaluated in one Evaluator call (the simulator
 runs it on 2 threads); placements already evaluated are not evaluated again. A failed placement (out of memory)
 is charged as the policy's search charges it (`placer.grouped.charged_step_times`: 10 × the single-GPU step
 time, times the memory overflow: Δ ≈ +900% against a T0 of a few %), so it is practically never accepted, and
@@ -56,6 +58,7 @@ class AnnealConfig:
     batch: int = 8                # moves per Evaluator call (4 and 16 worse with the greedy rule)
     block_prob: float = 0.1       # share of block moves, the rest move one group (0 and 0.3 no better)
     block_max: int = 8            # longest block, in groups (4 and 16 no better)
+    block: str = "linked"         # "linked": a block grown by the grouping's links; "run": a run in group order
     accept0: float = 0.3          # at T0 a median worsening move of the first batch is accepted with this probability
     t_final: float = 1e-4         # final temperature, in relative step-time change (1e-3, 1e-5 no better)
     restarts: int = 0             # reheats from the best so far, the budget split into restarts + 1 schedules
@@ -108,6 +111,8 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
         raise PlacementError("anneal needs a budget: max_evaluations or budget_seconds")
     if cfg.rule not in ("greedy", "metropolis"):
         raise PlacementError(f"unknown anneal rule {cfg.rule!r}: use greedy or metropolis")
+    if cfg.block not in ("run", "linked"):
+        raise PlacementError(f"unknown anneal block {cfg.block!r}: use run or linked")
     evaluator = evaluator if evaluator is not None else problem.simulator
     grouping, cluster = problem.grouping, problem.cluster
     allowed = np.asarray(problem.allowed, bool)
@@ -153,6 +158,7 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
 
     # ---- the schedule
     movable = np.flatnonzero(allowed.sum(axis=1) > 1)
+    links = np.asarray(grouping.adjacency, float) if cfg.block == "linked" else None
     t0 = t_fin = float("nan")
     move_evals0, move_t0 = run.evaluations, time.perf_counter()
     seg_prev, restarts, accepted = 0, 0, 0
@@ -180,7 +186,7 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
         temp = t0 * (t_fin / t0) ** q if np.isfinite(t0) else float("inf")
 
         cands = neighbours(cur, allowed, rng, min(cfg.batch, left or cfg.batch), run.seen, block_prob=cfg.block_prob,
-                           block_max=cfg.block_max, movable=movable)
+                           block_max=cfg.block_max, movable=movable, links=links)
         if not cands:
             stop = "no_moves"
             break

@@ -285,10 +285,13 @@ class PlacementPolicy(PolicyCommon, tf.Module):
         rng = np.random.default_rng(seed)
 
         with tf.device(POLICY_DEVICE):
-            self.features = tf.constant(features)
-            self.allowed = tf.constant(allowed)
-            self.not_allowed = tf.constant(np.where(allowed, 0.0, _NEG).astype(np.float32))   # logit mask [G, D]
             with self.name_scope:
+                # the graph's inputs are variables too (not trainable), so that a traced policy can be handed to
+                # the next agent of the same shapes (`reset_to`; `placer.rl.reinforce._own_core`)
+                self.features = tf.Variable(features, trainable=False, name="features")
+                self.allowed = tf.Variable(allowed, trainable=False, name="allowed")
+                self.not_allowed = tf.Variable(np.where(allowed, 0.0, _NEG).astype(np.float32), trainable=False,
+                                               name="not_allowed")   # logit mask [G, D]
                 v = lambda a, n: tf.Variable(a, name=n)  # noqa: E731
                 # optional learned per-group embedding appended to the features (a position embedding)
                 self.group_emb = v(0.1 * rng.standard_normal((G, group_embedding)).astype(np.float32),
@@ -319,6 +322,13 @@ class PlacementPolicy(PolicyCommon, tf.Module):
                 self.transition = v(np.eye(D, dtype=np.float32) * stay_bias, "transition")
             self.rng = tf.random.Generator.from_seed(seed)
         self._compile(jit)
+
+    def reset_to(self, other: "PlacementPolicy") -> None:
+        """Take `other`'s values (a policy of the same shapes and traced settings, e.g. just built for another seed
+        and graph): its weights, RNG state, features and masks. This policy's traced functions stay."""
+        self.set_state(other.get_state())
+        for name in ("features", "allowed", "not_allowed"):
+            getattr(self, name).assign(getattr(other, name))
 
     # ---------------------------------------------------------------- shared pieces
     def _encoder_inputs(self):

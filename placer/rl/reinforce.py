@@ -25,7 +25,10 @@ TensorFlow is imported at module import: import this module lazily from CLI path
 """
 from __future__ import annotations
 
+import functools
+import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -92,6 +95,7 @@ class ReinforceConfig:
     local_batch: int = 8             # AnnealConfig.batch
     local_accept0: float = 0.3       # AnnealConfig.accept0: T0 accepts a median worsening move with this probability
     local_t_final: float = 1e-4      # AnnealConfig.t_final, reached at the end of the search's budget
+    local_block: str = "linked"      # AnnealConfig.block: blocks grown by the grouping's links ("run": in group order)
     imitation_rows: int = 8          # imitation batch: the placement + 7 copies with perturbed decoder histories
     imitation_perturb: float = 2.0   # ...each with on average this many groups moved (DAgger-style)
     imitation_group_rows: int = 640  # ...at most this many rows × groups per step (8 rows up to G = 80, 2 at 256)
@@ -163,31 +167,19 @@ class Reinforce:
 
     def __init__(self, features: np.ndarray, allowed: np.ndarray, config: ReinforceConfig | None = None,
                  policy=None, optimizer=None):
-        import keras
-
         self.config = cfg = config or ReinforceConfig()
-        # `policy`: an already built policy with PlacementPolicy's interface (a pretrained PortablePolicy)
-        self.policy = policy if policy is not None else PlacementPolicy(
-            features, allowed, hidden_size=cfg.hidden_size, attn_size=cfg.attn_size, temperature=cfg.temperature,
-            tanh_constant=cfg.tanh_constant, forget_bias=cfg.forget_bias, group_embedding=cfg.group_embedding,
-            stay_bias=cfg.stay_bias, explore=cfg.explore_for(features.shape[0]),
-            seed=cfg.seed)
-        self.variables = list(self.policy.trainable_variables)
-        if optimizer is not None:        # shared by several agents over the same weights (pretraining)
-            self.optimizer = optimizer
+        if policy is None and optimizer is None:
+            # a policy of its own: built for this seed, or a collected agent's traced policy re-initialised to it
+            self.policy, self.optimizer, self._step_fn = _own_core(self, features, allowed, cfg)
         else:
-            with tf.device(POLICY_DEVICE):
-                self.optimizer = keras.optimizers.Adam(cfg.learning_rate, global_clipnorm=cfg.grad_clip)
-                self.optimizer.build(self.variables)
+            # `policy`: an already built policy with PlacementPolicy's interface (a pretrained PortablePolicy);
+            # `optimizer`: shared by several agents over the same weights (pretraining)
+            self.policy = policy if policy is not None else _new_policy(features, allowed, cfg)
+            self.optimizer = optimizer if optimizer is not None else _adam(cfg, self.policy.trainable_variables)
+            self._step_fn = _traced_step(self.policy, self.optimizer)
+        self.variables = list(self.policy.trainable_variables)
         self.baseline: float | None = None     # EMA of mean batch reward; set by the first batch
         self.updates = 0                       # completed learn() calls
-        G, D = self.policy.num_groups, self.policy.num_devices
-        # one traced step for REINFORCE and imitation (tracing a step took ~3 s of a new agent's first update,
-        # measured: one function instead of two saves that once per agent; its fixed signature never retraces)
-        self._step_fn = tf.function(self._fit_step, input_signature=[
-            tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G], tf.int32),
-            tf.TensorSpec([None, G, D], tf.float32), tf.TensorSpec([], tf.float32), tf.TensorSpec([None], tf.float32),
-            tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.float32)], autograph=False)
         self._np_rng = np.random.default_rng(cfg.seed + 1)   # perturbed histories (checkpointed)
 
     @property
@@ -201,23 +193,6 @@ class Reinforce:
 
     def rewards(self, step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:
         return reward_of(np.asarray(step_times, np.float64), np.asarray(failed, bool), failure_step_time)
-
-    def _fit_step(self, actions, history, noise, noise_scale, weights, mixture, entropy_coef):
-        """One Adam step on -mean(weights · log π(actions | history)) / G - entropy_coef · entropy. REINFORCE
-        (`learn`): weights are the advantages, history = actions (teacher forcing), log-probabilities under the
-        exploration mixture (`mixture`). Imitation (`imitate_set`): weights 1, perturbed histories, no noise, the
-        softmax alone, no entropy term. Returns (loss, entropy, global gradient norm, log-probabilities [K])."""
-        with tf.device(POLICY_DEVICE):
-            G = float(self.policy.num_groups)
-            with tf.GradientTape() as tape:
-                logp, entropy = self.policy._log_probs(actions, noise, noise_scale, mixture=mixture, history=history)
-                pg_loss = -tf.reduce_mean(weights * logp) / G       # per group, so entropy_coef is per decision
-                entropy = tf.reduce_mean(entropy)
-                loss = pg_loss - entropy_coef * entropy
-            grads = tape.gradient(loss, self.variables)
-            grad_norm = tf.linalg.global_norm(grads)
-            self.optimizer.apply_gradients(zip(grads, self.variables))   # clips to grad_clip (global norm)
-            return loss, entropy, grad_norm, logp
 
     def _train(self, actions, noise, noise_scale, advantages):
         """A REINFORCE step (the fit step with the mixture, the entropy bonus and teacher forcing)."""
@@ -310,6 +285,96 @@ class Reinforce:
         self.updates = int(state["updates"])
         if "imitation_rng" in state:     # checkpoints from before the perturbed-history imitation lack it
             self._np_rng.bit_generator.state = state["imitation_rng"]
+
+
+def _fit_step(policy, optimizer, actions, history, noise, noise_scale, weights, mixture, entropy_coef):
+    """One Adam step on -mean(weights · log π(actions | history)) / G - entropy_coef · entropy. REINFORCE
+    (`Reinforce.learn`): weights are the advantages, history = actions (teacher forcing), log-probabilities under
+    the exploration mixture (`mixture`). Imitation (`imitate_set`): weights 1, perturbed histories, no noise, the
+    softmax alone, no entropy term. Returns (loss, entropy, global gradient norm, log-probabilities [K])."""
+    with tf.device(POLICY_DEVICE):
+        variables = list(policy.trainable_variables)
+        G = float(policy.num_groups)
+        with tf.GradientTape() as tape:
+            logp, entropy = policy._log_probs(actions, noise, noise_scale, mixture=mixture, history=history)
+            pg_loss = -tf.reduce_mean(weights * logp) / G       # per group, so entropy_coef is per decision
+            entropy = tf.reduce_mean(entropy)
+            loss = pg_loss - entropy_coef * entropy
+        grads = tape.gradient(loss, variables)
+        grad_norm = tf.linalg.global_norm(grads)
+        optimizer.apply_gradients(zip(grads, variables))   # clips to grad_clip (global norm)
+        return loss, entropy, grad_norm, logp
+
+
+def _traced_step(policy, optimizer):
+    """The fit step as one tf.function for REINFORCE and imitation (one trace, ~3 s on this VM; its fixed
+    signature never retraces). It holds the policy and Adam, never the agent (`_own_core`)."""
+    G, D = policy.num_groups, policy.num_devices
+    return tf.function(functools.partial(_fit_step, policy, optimizer), input_signature=[
+        tf.TensorSpec([None, G], tf.int32), tf.TensorSpec([None, G], tf.int32),
+        tf.TensorSpec([None, G, D], tf.float32), tf.TensorSpec([], tf.float32), tf.TensorSpec([None], tf.float32),
+        tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.float32)], autograph=False)
+
+
+def _new_policy(features, allowed, cfg: ReinforceConfig) -> PlacementPolicy:
+    return PlacementPolicy(features, allowed, hidden_size=cfg.hidden_size, attn_size=cfg.attn_size,
+                           temperature=cfg.temperature, tanh_constant=cfg.tanh_constant, forget_bias=cfg.forget_bias,
+                           group_embedding=cfg.group_embedding, stay_bias=cfg.stay_bias,
+                           explore=cfg.explore_for(features.shape[0]), seed=cfg.seed)
+
+
+def _adam(cfg: ReinforceConfig, variables):
+    import keras
+
+    with tf.device(POLICY_DEVICE):
+        opt = keras.optimizers.Adam(cfg.learning_rate, global_clipnorm=cfg.grad_clip)
+        opt.build(list(variables))
+    return opt
+
+
+# A new agent's first sample and first fit step trace and compile the policy's tf.functions: ~5 s on this VM, most
+# of a short search's start (and of the tests' time). So an agent that is garbage-collected hands its policy, Adam
+# and traced step (a "core") to the next agent of this process with the same shapes and traced settings, which
+# re-initialises them: the weights and RNG state a new build for its seed has, its own features and masks, Adam
+# zeroed at its learning rate. Same values as a new build, no retrace (tested). Cores are only handed on once
+# their agent is gone, so two live agents never share one.
+_POOL: dict[tuple, list[tuple]] = {}
+_POOL_LOCK = threading.Lock()
+_POOL_PER_KEY = 2
+
+
+def _core_key(features: np.ndarray, allowed: np.ndarray, cfg: ReinforceConfig) -> tuple:
+    """What a traced policy and step depend on besides variable values: shapes and the settings traced in."""
+    G = features.shape[0]
+    return (features.shape, np.shape(allowed), cfg.hidden_size, cfg.attn_size, cfg.group_embedding,
+            cfg.temperature, cfg.tanh_constant, cfg.explore_for(G), cfg.grad_clip, POLICY_DEVICE)
+
+
+def _give_back(key: tuple, core: tuple) -> None:
+    with _POOL_LOCK:
+        cores = _POOL.setdefault(key, [])
+        if len(cores) < _POOL_PER_KEY:
+            cores.append(core)
+
+
+def _own_core(agent: "Reinforce", features, allowed, cfg: ReinforceConfig) -> tuple:
+    """(policy, Adam, traced step) for a new agent: a collected agent's, re-initialised, or new ones."""
+    features = np.asarray(features, np.float32)
+    key = _core_key(features, allowed, cfg)
+    fresh = _new_policy(features, allowed, cfg)      # this seed's initial weights (building traces nothing)
+    with _POOL_LOCK:
+        core = _POOL.get(key, []).pop() if _POOL.get(key) else None
+    if core is None:
+        core = (fresh, _adam(cfg, fresh.trainable_variables))
+        core = (*core, _traced_step(*core))
+    else:
+        policy, opt, _ = core
+        policy.reset_to(fresh)
+        for v in opt.variables:
+            v.assign(np.zeros(v.shape, v.dtype))
+        opt.learning_rate = cfg.learning_rate
+    weakref.finalize(agent, _give_back, key, core)
+    return core
 
 
 class EvaluationCache:

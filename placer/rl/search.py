@@ -717,11 +717,12 @@ class Search:
         from placer.rl.reinforce import evaluate_groups
 
         fail_t = self.failure_step_time if self.failure_step_time is not None else 100.0
+        links = getattr(self.grouping, "adjacency", None) if cfg.local_block == "linked" else None
         improved = improved_run = False
         drawn = 0
         while drawn < n:
             cands = neighbours(self._chain, self.allowed, self._local_rng, min(max(1, cfg.local_batch), n - drawn),
-                               self._local_seen)
+                               self._local_seen, links=links)
             if not cands:
                 break
             drawn += len(cands)
