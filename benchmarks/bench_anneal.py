@@ -7,6 +7,7 @@
     .venv/bin/python benchmarks/bench_anneal.py --evals 1000 --policy default          # from the pretrained policy
     .venv/bin/python benchmarks/bench_anneal.py --tune '[{}, {"batch": 16}, {"block_prob": 0}]' --evals 1000 \
         --anneal-seeds 8                                                        # annealing settings only
+    .venv/bin/python benchmarks/bench_anneal.py --tune-table 2026-12-04 --evals 1000   # those records as a table
 
 One problem (`placer.problem.build_problem`, simulated), then:
   * the policy's search (`placer.search.search`, default `ReinforceConfig` or --policy-config's overrides, seeds
@@ -21,7 +22,10 @@ op-level baselines do not). Step times are simulated.
 
 Prints one JSON line per N and appends them to benchmarks/results/bench_anneal.jsonl. With --tune (a JSON list of
 `AnnealConfig` overrides) only the annealer runs, once per setting, count and seed, one line per setting and
-count, appended to benchmarks/results/bench_anneal_tune.jsonl.
+count, appended to benchmarks/results/bench_anneal_tune.jsonl. --tune-table DATE prints the records of those
+runs made on days starting with DATE at the first --evals count as a Markdown table: one row per cell, one column
+per setting (each as its full `anneal_config`'s changes from the current default), the mean over the seeds and
+their range; a setting run twice in a cell shows its latest record.
 """
 from __future__ import annotations
 
@@ -126,6 +130,31 @@ def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds
         problem.close()
 
 
+def tune_table(date: str, evals: int) -> None:
+    from placer.baselines.anneal import AnnealConfig
+
+    default = AnnealConfig().to_dict()
+    recs = [json.loads(x) for x in (RESULTS / "bench_anneal_tune.jsonl").read_text().splitlines() if x.strip()]
+    recs = [r for r in recs if r.get("date", "").startswith(date) and r["evaluations"] == evals]
+
+    def setting(r):   # what differs from today's default (records before `block` existed made "run" blocks)
+        cfg = {"block": "run", **r["config"]}
+        return json.dumps({k: v for k, v in cfg.items() if default.get(k) != v}, sort_keys=True)
+
+    cells = {(r["model"], r["cluster"]): {} for r in recs}
+    for r in recs:
+        cells[(r["model"], r["cluster"])][setting(r)] = r
+    cols = sorted({k for c in cells.values() for k in c}, key=lambda k: (len(k), k))
+    print(f"| model | cluster | seeds | " + " | ".join(f"{c if c != '{}' else 'default'}: mean (range) (s)"
+                                                    for c in cols) + " |")
+    print("|---|---|---:|" + "---:|" * len(cols))
+    for (model, cluster), c in cells.items():
+        n = {len(r["values_s"]) for r in c.values()}
+        vals = [f"{statistics.mean(c[k]['values_s']):.4f} ({min(c[k]['values_s']):.3f}-{max(c[k]['values_s']):.3f})"
+                if k in c else "n/a" for k in cols]
+        print(f"| {model} | {cluster} | {'/'.join(map(str, sorted(n)))} | " + " | ".join(vals) + " |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="nmt4")
@@ -143,10 +172,14 @@ def main(argv=None) -> int:
                     help="the policy runs' first seed (default --seed, which also seeds the problem's baselines): "
                          "more policy seeds on the same problem")
     ap.add_argument("--tune", metavar="JSON", help="a list of AnnealConfig overrides: run only the annealer")
+    ap.add_argument("--tune-table", metavar="DATE", help="print the --tune records of days starting with DATE")
     ap.add_argument("--policy", help="start the policy's search from a pretrained policy ('default' or a "
                                      "`placer pretrain` directory), as `placer search --policy` does")
     a = ap.parse_args(argv)
     evals = sorted(int(x) for x in a.evals.split(",") if x.strip())
+    if a.tune_table:
+        tune_table(a.tune_table, evals[0])
+        return 0
     if a.tune:
         tune(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), json.loads(a.tune))
         return 0

@@ -2,14 +2,17 @@
 
     .venv/bin/python benchmarks/headroom.py            # prints a Markdown table
     .venv/bin/python benchmarks/headroom.py --policy-config '{"elite_size": 4, ...}'   # + one policy setting
+    .venv/bin/python benchmarks/headroom.py --anneal-block run      # annealing as it was before linked blocks
 
 With --policy-config, the table adds the policy runs at 1,000 evaluations whose `policy_config` is exactly that
 object (not pretrained; `reuse_evaluations` is read from the record, false if absent), every policy seed recorded
 (`--first-policy-seed` adds seeds on the same problem), their mean against annealing's 5-seed mean.
 
 Reads only recorded runs (all simulated):
-  * annealing at 1,000 evaluations, seeds 0-4: `anneal_s_seeds` of the `anneal_vs_policy` records in
-    results/bench_anneal.jsonl (the annealer is deterministic per seed, so every record of a cell agrees);
+  * annealing at 1,000 evaluations, seeds 0-4: `anneal_s_seeds` of the latest `anneal_vs_policy` record in
+    results/bench_anneal.jsonl whose annealer made --anneal-block's block moves (`anneal_config.block`; records
+    without it made "run" moves; the annealer is deterministic per seed and setting); a cell with no such record
+    is left out;
   * annealing at 20,000 evaluations, seeds 0-2: the `anneal_tune` records of results/bench_anneal_tune.jsonl with
     default settings, from `bench_anneal.py --model M --cluster C --evals 20000 --anneal-seeds 3 --tune '[{}]'`;
   * the policy's 300 s searches of the K80 table: `search_best_s` in results/results.json;
@@ -40,7 +43,7 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def table(policy_config: dict | None = None) -> list[dict]:
+def table(policy_config: dict | None = None, anneal_block: str = "linked") -> list[dict]:
     runs = _lines(RESULTS / "bench_anneal.jsonl")
     tune = _lines(RESULTS / "bench_anneal_tune.jsonl")
     bench = json.loads((RESULTS / "results.json").read_text()) if (RESULTS / "results.json").exists() else []
@@ -52,7 +55,8 @@ def table(policy_config: dict | None = None) -> list[dict]:
         cluster = f"{gpus}xK80"
         cell = [r for r in runs if r.get("bench") == "anneal_vs_policy" and r["model"] == model
                 and r["cluster"] == cluster and r["evaluations"] == 1000 and r.get("size", "full") == "full"]
-        ann = next((r["anneal_s_seeds"] for r in reversed(cell) if len(r.get("anneal_s_seeds", [])) >= 5), None)
+        ann = next((r["anneal_s_seeds"] for r in reversed(cell) if len(r.get("anneal_s_seeds", [])) >= 5
+                    and r.get("anneal_config", {}).get("block", "run") == anneal_block), None)
         long = [v for r in tune if r["model"] == model and r["cluster"] == cluster and r["evaluations"] == 20000
                 and not r.get("settings") for v in r["values_s"]]
         b300 = [r["search_best_s"] for r in bench if r["model"] == model and r["gpus"] == gpus
@@ -92,8 +96,10 @@ def table(policy_config: dict | None = None) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy-config", metavar="JSON", help="also compare the policy runs with this policy_config")
+    ap.add_argument("--anneal-block", default="linked", choices=("linked", "run"),
+                    help="the annealer's block moves to compare against (AnnealConfig.block; default the current)")
     a = ap.parse_args(argv)
-    rows = table(json.loads(a.policy_config) if a.policy_config else None)
+    rows = table(json.loads(a.policy_config) if a.policy_config else None, a.anneal_block)
     print("| model | K80s | anneal at 1,000: mean of seeds 0-4 (s) | anneal at 20,000: seeds 0-2 (s) | "
           "policy, 300 s search (s) | anneal, 120 s (s) | policy, 120 s (s) | best known (s) | "
           "ceiling: best known vs anneal's 1,000 mean |")
