@@ -145,7 +145,7 @@ def tune_table(date: str, evals: int) -> None:
     for r in recs:
         cells[(r["model"], r["cluster"])][setting(r)] = r
     cols = sorted({k for c in cells.values() for k in c}, key=lambda k: (len(k), k))
-    print(f"| model | cluster | seeds | " + " | ".join(f"{c if c != '{}' else 'default'}: mean (range) (s)"
+    print("| model | cluster | seeds | " + " | ".join(f"{c if c != '{}' else 'default'}: mean (range) (s)"
                                                     for c in cols) + " |")
     print("|---|---|---:|" + "---:|" * len(cols))
     for (model, cluster), c in cells.items():
