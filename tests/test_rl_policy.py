@@ -243,3 +243,38 @@ def test_a_collected_agents_traced_policy_serves_the_next_agent_with_a_new_build
     for u, v in zip(got[3]["optimizer"], want[3]["optimizer"]):
         np.testing.assert_array_equal(u, v)
     assert step.experimental_get_tracing_count() == 1
+
+
+def test_a_collected_agents_traced_portable_policy_serves_the_next_agent_over_the_same_weights():
+    """The same for a pretrained (portable) policy: the next agent over the same weights object, with another
+    graph's inputs of the same shapes, samples exactly as a new binding does; another weights object gets its own."""
+    import gc
+
+    from placer.rl.portable import DEVICE_FEATURES, GROUP_FEATURES, PolicyInputs, PortablePolicy, PortableWeights
+
+    G, D = 5, 3
+    rng = np.random.default_rng(6)
+    w = PortableWeights(hidden_size=16, attn_size=8)
+
+    def inputs():
+        return PolicyInputs(rng.random((G, len(GROUP_FEATURES)), dtype=np.float32),
+                            rng.random((G, G), dtype=np.float32), rng.random((G, D), dtype=np.float32),
+                            rng.random((G, D), dtype=np.float32) * 0.1,
+                            rng.random((D, len(DEVICE_FEATURES)), dtype=np.float32))
+
+    cfg = ReinforceConfig(seed=2, hidden_size=16, attn_size=8)
+    a = Reinforce(None, np.ones((G, D), bool), cfg, policy=PortablePolicy.from_config(w, inputs(), np.ones((G, D), bool), cfg))
+    a.sample(3)
+    traced = a.policy
+    del a
+    gc.collect()
+    inp = inputs()
+    b = Reinforce(None, np.ones((G, D), bool), cfg, policy=PortablePolicy.from_config(w, inp, np.ones((G, D), bool), cfg))
+    assert b.policy is traced
+    new = PortablePolicy.from_config(w, inp, np.ones((G, D), bool), cfg)
+    np.testing.assert_array_equal(b.sample(6)[0], new.sample(6)[0])
+    del b
+    gc.collect()
+    other = Reinforce(None, np.ones((G, D), bool), cfg, policy=PortablePolicy.from_config(
+        PortableWeights(hidden_size=16, attn_size=8), inp, np.ones((G, D), bool), cfg))
+    assert other.policy is not traced

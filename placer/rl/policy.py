@@ -130,6 +130,7 @@ class PolicyCommon:
     def _compile(self, jit: bool) -> None:
         """The tf.functions: the decoder loop (XLA-compiled with `jit`), sampling and teacher-forced scoring."""
         G, D = self.num_groups, self.num_devices
+        self.jit = bool(jit)
         spec_f = tf.TensorSpec([], tf.float32)
         # autograph=False: the one loop is an explicit tf.while_loop (`_loop`), so nothing needs converting, and
         # converting took most of a new policy's first sample (the policy's code and Keras's optimizer, ~1-4 s)
@@ -233,6 +234,21 @@ class PolicyCommon:
             return self._log_probs_fn(actions, tf.convert_to_tensor(noise, tf.float32),
                                       tf.constant(float(noise_scale), tf.float32))
 
+    # ---------------------------------------------------------------- handing a traced policy on
+    # A subclass keeps its graph inputs (features, masks...) in non-trainable variables named here, so that a
+    # traced policy can take another's values (`placer.rl.reinforce._own_core`), and keys what its traces
+    # depend on in `core_key()`.
+    INPUTS: tuple[str, ...] = ()
+
+    def reset_to(self, other) -> None:
+        """Take `other`'s values (a policy with the same `core_key()`, e.g. just built for another seed and graph):
+        its weights, RNG state and graph inputs. This policy's traced functions stay."""
+        if other.core_key() != self.core_key():
+            raise ValueError("reset_to needs a policy of the same shapes and traced settings")
+        self.set_state(other.get_state())
+        for name in self.INPUTS:
+            getattr(self, name).assign(getattr(other, name))
+
     # ---------------------------------------------------------------- state (for checkpoints)
     def get_state(self) -> dict[str, np.ndarray]:
         """Every weight and the RNG state as numpy arrays (keyed by variable name)."""
@@ -257,6 +273,7 @@ class PlacementPolicy(PolicyCommon, tf.Module):
     `tf.random.Generator` (`self.rng`), whose state is a variable and is checkpointed with the weights.
     jit: XLA-compile the sampling loop (`_decode`); False runs it as a plain `tf.function`.
     """
+    INPUTS = ("features", "allowed", "not_allowed")
 
     def __init__(self, features: np.ndarray, allowed: np.ndarray, *, hidden_size: int = 256,
                  attn_size: int = 64, temperature: float = 1.0, tanh_constant: float = 5.0,
@@ -323,12 +340,11 @@ class PlacementPolicy(PolicyCommon, tf.Module):
             self.rng = tf.random.Generator.from_seed(seed)
         self._compile(jit)
 
-    def reset_to(self, other: "PlacementPolicy") -> None:
-        """Take `other`'s values (a policy of the same shapes and traced settings, e.g. just built for another seed
-        and graph): its weights, RNG state, features and masks. This policy's traced functions stay."""
-        self.set_state(other.get_state())
-        for name in ("features", "allowed", "not_allowed"):
-            getattr(self, name).assign(getattr(other, name))
+    def core_key(self) -> tuple:
+        """What this policy's traced functions depend on besides variable values (`reset_to`)."""
+        return ("placement", self.num_groups, self.num_devices, tuple(self.features.shape), self.hidden_size,
+                self.attn_size, self.group_emb is not None and tuple(self.group_emb.shape), self.temperature,
+                self.tanh_constant, self.explore, self.jit)
 
     # ---------------------------------------------------------------- shared pieces
     def _encoder_inputs(self):

@@ -248,21 +248,31 @@ class PortablePolicy(PolicyCommon, tf.Module):
         self.hidden_size, self.attn_size = weights.hidden_size, weights.attn_size
         self.temperature, self.tanh_constant, self.explore = float(temperature), float(tanh_constant), float(explore)
         with tf.device(POLICY_DEVICE):
-            self.features = tf.constant(np.asarray(inputs.group, np.float32))
+            # the graph's inputs: non-trainable variables, so a traced policy can take another's (`reset_to`)
+            c = lambda a, n: tf.Variable(a, trainable=False, name=n)  # noqa: E731
+            self.features = c(np.asarray(inputs.group, np.float32), "features")
             adj = np.asarray(inputs.adjacency, np.float32)
-            self.adj = tf.constant(np.triu(adj, 1))              # only earlier groups feed a later one's inflow
+            self.adj = c(np.triu(adj, 1), "adj")              # only earlier groups feed a later one's inflow
             tot = np.triu(adj, 1).sum(0)
-            self.adj_in = tf.constant((1.0 / np.maximum(tot, 1e-6)).astype(np.float32))   # [G]
-            self.gload = tf.constant(np.asarray(inputs.load, np.float32))
-            self.gmem = tf.constant(np.asarray(inputs.mem, np.float32))
+            self.adj_in = c((1.0 / np.maximum(tot, 1e-6)).astype(np.float32), "adj_in")   # [G]
+            self.gload = c(np.asarray(inputs.load, np.float32), "gload")
+            self.gmem = c(np.asarray(inputs.mem, np.float32), "gmem")
             dev = np.asarray(inputs.device, np.float32)
-            self.dev = tf.constant(dev)
-            self.dev_in = tf.constant(np.concatenate([np.concatenate([dev, np.zeros((D, 1), np.float32)], 1),
-                                                      np.eye(1, dev.shape[1] + 1, dev.shape[1], dtype=np.float32)]))
-            self.allowed = tf.constant(allowed)
-            self.not_allowed = tf.constant(np.where(allowed, 0.0, _NEG).astype(np.float32))
+            self.dev = c(dev, "dev")
+            self.dev_in = c(np.concatenate([np.concatenate([dev, np.zeros((D, 1), np.float32)], 1),
+                                            np.eye(1, dev.shape[1] + 1, dev.shape[1], dtype=np.float32)]), "dev_in")
+            self.allowed = c(allowed, "allowed")
+            self.not_allowed = c(np.where(allowed, 0.0, _NEG).astype(np.float32), "not_allowed")
             self.rng = tf.random.Generator.from_seed(seed)
         self._compile(jit)
+
+    INPUTS = ("features", "adj", "adj_in", "gload", "gmem", "dev", "dev_in", "allowed", "not_allowed")
+
+    def core_key(self) -> tuple:
+        """What this policy's traced functions depend on besides variable values: its weights object (the same
+        variables), the shapes and the traced settings."""
+        return ("portable", id(self.w), self.num_groups, self.num_devices, tuple(self.features.shape),
+                tuple(self.dev.shape), self.temperature, self.tanh_constant, self.explore, self.jit)
 
     @classmethod
     def from_config(cls, weights: PortableWeights, inputs: PolicyInputs, allowed: np.ndarray, config,

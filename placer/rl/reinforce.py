@@ -25,7 +25,9 @@ TensorFlow is imported at module import: import this module lazily from CLI path
 """
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 import threading
 import time
 import weakref
@@ -168,15 +170,14 @@ class Reinforce:
     def __init__(self, features: np.ndarray, allowed: np.ndarray, config: ReinforceConfig | None = None,
                  policy=None, optimizer=None):
         self.config = cfg = config or ReinforceConfig()
-        if policy is None and optimizer is None:
-            # a policy of its own: built for this seed, or a collected agent's traced policy re-initialised to it
-            self.policy, self.optimizer, self._step_fn = _own_core(self, features, allowed, cfg)
-        else:
-            # `policy`: an already built policy with PlacementPolicy's interface (a pretrained PortablePolicy);
-            # `optimizer`: shared by several agents over the same weights (pretraining)
-            self.policy = policy if policy is not None else _new_policy(features, allowed, cfg)
-            self.optimizer = optimizer if optimizer is not None else _adam(cfg, self.policy.trainable_variables)
-            self._step_fn = _traced_step(self.policy, self.optimizer)
+        # `policy`: an already built policy with PlacementPolicy's interface (a pretrained PortablePolicy), else one
+        # for `features` and this seed; the agent may use a collected agent's traced twin of it (`_own_core`)
+        policy = policy if policy is not None else _new_policy(features, allowed, cfg)
+        if optimizer is None:
+            self.policy, self.optimizer, self._step_fn = _own_core(self, policy, cfg)
+        else:      # Adam shared by several agents over the same weights (pretraining): nothing to hand on
+            self.policy, self.optimizer = policy, optimizer
+            self._step_fn = _traced_step(policy, optimizer)
         self.variables = list(self.policy.trainable_variables)
         self.baseline: float | None = None     # EMA of mean batch reward; set by the first batch
         self.updates = 0                       # completed learn() calls
@@ -334,42 +335,37 @@ def _adam(cfg: ReinforceConfig, variables):
 
 # A new agent's first sample and first fit step trace and compile the policy's tf.functions: ~5 s on this VM, most
 # of a short search's start (and of the tests' time). So an agent that is garbage-collected hands its policy, Adam
-# and traced step (a "core") to the next agent of this process with the same shapes and traced settings, which
-# re-initialises them: the weights and RNG state a new build for its seed has, its own features and masks, Adam
-# zeroed at its learning rate. Same values as a new build, no retrace (tested). Cores are only handed on once
-# their agent is gone, so two live agents never share one.
-_POOL: dict[tuple, list[tuple]] = {}
+# and traced step (a "core") to the next agent of this process whose policy has the same `core_key()` (shapes,
+# traced settings; for a pretrained policy, the same weights object), which re-initialises them: its own policy's
+# weights, RNG state and graph inputs (`reset_to`), Adam zeroed at its learning rate. Same values as a new build,
+# no retrace (tested). Cores are only handed on once their agent is gone, so two live agents never share one; at
+# most `_POOL_MAX` wait, the least recently given back dropped first.
+_POOL: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()   # (key, serial) → core
 _POOL_LOCK = threading.Lock()
-_POOL_PER_KEY = 2
-
-
-def _core_key(features: np.ndarray, allowed: np.ndarray, cfg: ReinforceConfig) -> tuple:
-    """What a traced policy and step depend on besides variable values: shapes and the settings traced in."""
-    G = features.shape[0]
-    return (features.shape, np.shape(allowed), cfg.hidden_size, cfg.attn_size, cfg.group_embedding,
-            cfg.temperature, cfg.tanh_constant, cfg.explore_for(G), cfg.grad_clip, POLICY_DEVICE)
+_POOL_MAX = 8
+_serial = itertools.count()
 
 
 def _give_back(key: tuple, core: tuple) -> None:
     with _POOL_LOCK:
-        cores = _POOL.setdefault(key, [])
-        if len(cores) < _POOL_PER_KEY:
-            cores.append(core)
+        _POOL[(key, next(_serial))] = core
+        while len(_POOL) > _POOL_MAX:
+            _POOL.popitem(last=False)
 
 
-def _own_core(agent: "Reinforce", features, allowed, cfg: ReinforceConfig) -> tuple:
-    """(policy, Adam, traced step) for a new agent: a collected agent's, re-initialised, or new ones."""
-    features = np.asarray(features, np.float32)
-    key = _core_key(features, allowed, cfg)
-    fresh = _new_policy(features, allowed, cfg)      # this seed's initial weights (building traces nothing)
+def _own_core(agent: "Reinforce", policy, cfg: ReinforceConfig) -> tuple:
+    """(policy, Adam, traced step) for a new agent whose policy is `policy` (just built, untraced): a collected
+    agent's, re-initialised to `policy`'s values, or `policy` with a new Adam and step."""
+    key = (*policy.core_key(), cfg.grad_clip, POLICY_DEVICE)
     with _POOL_LOCK:
-        core = _POOL.get(key, []).pop() if _POOL.get(key) else None
+        found = next((k for k in reversed(_POOL) if k[0] == key), None)
+        core = _POOL.pop(found) if found is not None else None
     if core is None:
-        core = (fresh, _adam(cfg, fresh.trainable_variables))
-        core = (*core, _traced_step(*core))
+        opt = _adam(cfg, policy.trainable_variables)
+        core = (policy, opt, _traced_step(policy, opt))
     else:
-        policy, opt, _ = core
-        policy.reset_to(fresh)
+        pooled, opt, _ = core
+        pooled.reset_to(policy)
         for v in opt.variables:
             v.assign(np.zeros(v.shape, v.dtype))
         opt.learning_rate = cfg.learning_rate
