@@ -18,7 +18,8 @@ Moves, all neighbours of the current placement: a single group to another allowe
 2..`block_max` groups to one device (each group of the block that may use it). A block is grown from a random
 group by the grouping's heaviest links (`placer.grouped.linked_block`; `block="linked"`, the default), so a
 layer whose groups group order does not keep together (an LSTM layer's forward, backward and weight groups)
-moves as one; `block="run"` takes a contiguous run in group order (topological order), as before 2026-12-04. A batch of `batch` distinct moves is evaluated in one Evaluator call (the simulator
+moves as one; `block="run"` takes a contiguous run in group order (topological order), as before 2026-12-04.
+A batch of `batch` distinct moves is evaluated in one Evaluator call (the simulator
 runs it on 2 threads); placements already evaluated are not evaluated again. A failed placement (out of memory)
 is charged as the policy's search charges it (`placer.grouped.charged_step_times`: 10 × the single-GPU step
 time, times the memory overflow: Δ ≈ +900% against a T0 of a few %), so it is practically never accepted, and

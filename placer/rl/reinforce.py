@@ -340,17 +340,17 @@ def _adam(cfg: ReinforceConfig, variables):
 # weights, RNG state and graph inputs (`reset_to`), Adam zeroed at its learning rate. Same values as a new build,
 # no retrace (tested). Cores are only handed on once their agent is gone, so two live agents never share one; at
 # most `_POOL_MAX` wait, the least recently given back dropped first.
-_POOL: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()   # (key, serial) → core
+_POOL: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()   # (key, serial) → core, oldest first
 _POOL_LOCK = threading.Lock()
 _POOL_MAX = 8
 _serial = itertools.count()
+# Cores given back wait here until the next agent takes the lock: a finalizer runs whenever the garbage collector
+# does, possibly inside `_own_core`'s locked section, and a bounded deque's append needs no lock.
+_RETURNED: collections.deque = collections.deque(maxlen=_POOL_MAX)
 
 
 def _give_back(key: tuple, core: tuple) -> None:
-    with _POOL_LOCK:
-        _POOL[(key, next(_serial))] = core
-        while len(_POOL) > _POOL_MAX:
-            _POOL.popitem(last=False)
+    _RETURNED.append((key, core))
 
 
 def _own_core(agent: "Reinforce", policy, cfg: ReinforceConfig) -> tuple:
@@ -358,6 +358,14 @@ def _own_core(agent: "Reinforce", policy, cfg: ReinforceConfig) -> tuple:
     agent's, re-initialised to `policy`'s values, or `policy` with a new Adam and step."""
     key = (*policy.core_key(), cfg.grad_clip, POLICY_DEVICE)
     with _POOL_LOCK:
+        while True:
+            try:
+                k, c = _RETURNED.popleft()
+            except IndexError:
+                break
+            _POOL[(k, next(_serial))] = c
+        while len(_POOL) > _POOL_MAX:
+            _POOL.popitem(last=False)
         found = next((k for k in reversed(_POOL) if k[0] == key), None)
         core = _POOL.pop(found) if found is not None else None
     if core is None:
