@@ -48,8 +48,8 @@ def table(policy_config: dict | None = None, anneal_block: str = "linked") -> li
     tune = _lines(RESULTS / "bench_anneal_tune.jsonl")
     bench = json.loads((RESULTS / "results.json").read_text()) if (RESULTS / "results.json").exists() else []
     wall = [c for f in sorted((RESULTS / "wall120").glob("*results.json")) for c in json.loads(f.read_text())]
-    wall_runs = [r for r in _lines(RESULTS / "bench_wall.jsonl") if r.get("bench") == "wall" and r.get("best_s") is not None
-             and r.get("size", "full") == "full" and r.get("problem_seed", 0) == 0]
+    wall_runs = [r for r in _lines(RESULTS / "bench_wall.jsonl") if r.get("bench") == "wall"
+                 and r.get("best_s") is not None and r.get("size", "full") == "full" and r.get("problem_seed", 0) == 0]
     rows = []
     for model, gpus in CELLS:
         cluster = f"{gpus}xK80"
