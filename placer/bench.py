@@ -62,13 +62,12 @@ class CellSettings:
     split_groups: str | None = None  # groups follow this baseline's devices ("best": the fastest), build_problem
     local_moves: int | None = None   # ReinforceConfig.local_moves for the search (None: the reward's default)
 
-    @property
-    def effective_local_moves(self) -> int:
-        if self.local_moves is not None:
-            return int(self.local_moves)
+    def search_config(self):
+        """The search's ReinforceConfig: the reward's defaults, with `local_moves` when given."""
         from placer.rl.reinforce import ReinforceConfig
 
-        return int(ReinforceConfig.for_reward(self.reward).local_moves)
+        return ReinforceConfig.for_reward(self.reward, seed=self.seed,
+                                          **({} if self.local_moves is None else {"local_moves": int(self.local_moves)}))
 
     def key(self) -> dict:
         k = {"size": self.size, "reward": self.reward, "budget": float(self.budget), "seed": int(self.seed),
@@ -77,8 +76,11 @@ class CellSettings:
             k.update(cluster=self.cluster, precision=self.precision)
         if self.split_groups:
             k["split_groups"] = self.split_groups
-        if self.effective_local_moves:      # cells searched before local moves existed have none
-            k["local_moves"] = self.effective_local_moves
+        cfg = self.search_config()
+        if cfg.local_moves:      # cells searched before local moves existed have none
+            k["local_moves"] = int(cfg.local_moves)
+            if cfg.local_share:  # ...and before the chain's share of the wall time (2026-12-05) none
+                k["local_share"] = float(cfg.local_share)
         return k
 
     @property
@@ -142,11 +144,7 @@ def run_cell(s: CellSettings, out_dir: Path, *, progress: bool = False) -> dict:
         t0 = time.perf_counter()
         res, search_error = None, None
         try:
-            config = None
-            if s.local_moves is not None:
-                from placer.rl.reinforce import ReinforceConfig
-
-                config = ReinforceConfig.for_reward(s.reward, seed=s.seed, local_moves=int(s.local_moves))
+            config = s.search_config() if s.local_moves is not None else None
             res = search(problem, budget_seconds=s.budget, seed=s.seed, out_dir=str(cell_dir), progress=progress,
                          model_name=s.model, config=config)
         except PlacerError as e:  # the cell still records the baselines; the table says the search failed

@@ -123,7 +123,11 @@ def test_bench_cells_record_their_local_moves():
 
     cell = CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0)
     assert cell.key()["local_moves"] == CHEAP_EVALUATIONS["local_moves"]
-    assert "local_moves" not in CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0, local_moves=0).key()
+    # ...nor one searched before the chain had its share of the wall time
+    assert cell.key()["local_share"] == CHEAP_EVALUATIONS["local_share"] > 0
+    assert cell.search_config() == ReinforceConfig.for_reward("sim", seed=0)
+    off = CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0, local_moves=0)
+    assert "local_moves" not in off.key() and "local_share" not in off.key()
     assert CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0, local_moves=32).key()["local_moves"] == 32
 
 

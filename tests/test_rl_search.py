@@ -435,3 +435,42 @@ def test_local_moves_refine_the_runs_best_and_count_as_evaluations(tmp_path):
     # max_evaluations bounds the local moves too
     capped = Search(gr, ToyEvaluator(ev.target_ops), config=cfg, **kw).run(120, max_evaluations=50)
     assert capped.evaluations == 50 and capped.stop_reason == "max_evaluations"
+
+
+def test_local_share_gives_the_chain_its_share_of_the_wall_time(monkeypatch):
+    # ReinforceConfig.local_share: past `local_moves`, the chain goes on until its moves have taken that share of
+    # the search's wall time so far, within the budget. On a clock that only evaluations advance (10 ms each), a
+    # call leaves the chain at or above its share exactly
+    import placer.rl.search as search_mod
+
+    clock = [0.0]
+    monkeypatch.setattr(search_mod, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+
+    class Slow(ToyEvaluator):
+        def evaluate(self, placements):
+            clock[0] += 0.01 * len(placements)
+            return super().evaluate(placements)
+
+    gr, ev = _setup(G=8, seed=6)
+    kw = dict(cpu_index=CPU, baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)}, progress=False)
+    cfg = ReinforceConfig(seed=0, local_moves=8, local_batch=8, local_share=0.75, **SMALL)
+    s = Search(gr, Slow(ev.target_ops), config=cfg, **kw)
+    calls, local_moves = [], s._local_moves
+
+    def spy(limit=None):
+        out = local_moves(limit)
+        calls.append((s.local_seconds, s.wall_s()))
+        return out
+
+    monkeypatch.setattr(s, "_local_moves", spy)
+    res = s.run(1000, max_updates=3)
+    assert res.updates == 3 and len(calls) == 3
+    for used, wall in calls:
+        assert used >= 0.75 * wall - 1e-9
+    plain = Search(gr, Slow(ev.target_ops), config=ReinforceConfig(seed=0, local_moves=8, local_batch=8, **SMALL),
+                   **kw)
+    plain.run(1000, max_updates=3)
+    assert plain.local_evaluations == 24 < s.local_evaluations
+    # the wall budget bounds the extra moves: they stop within one batch (80 ms here) of it
+    b = Search(gr, Slow(ev.target_ops), config=cfg, **kw).run(1.0, max_updates=50)
+    assert b.stop_reason == "budget" and 1.0 <= b.wall_s <= 1.08 + 1e-9

@@ -98,6 +98,9 @@ class ReinforceConfig:
     local_accept0: float = 0.3       # AnnealConfig.accept0: T0 accepts a median worsening move with this probability
     local_t_final: float = 1e-4      # AnnealConfig.t_final, reached at the end of the search's budget
     local_block: str = "linked"      # AnnealConfig.block: blocks grown by the grouping's links ("run": in group order)
+    # ...and past `local_moves`, more of the chain's moves until they have taken this share of the search's wall
+    # time so far (warm start included). 0: exactly `local_moves` per update
+    local_share: float = 0.0
     imitation_rows: int = 8          # imitation batch: the placement + 7 copies with perturbed decoder histories
     imitation_perturb: float = 2.0   # ...each with on average this many groups moved (DAgger-style)
     imitation_group_rows: int = 640  # ...at most this many rows × groups per step (8 rows up to G = 80, 2 at 256)
@@ -121,8 +124,12 @@ class ReinforceConfig:
         """The defaults for a reward. "measure": each evaluation is a real step of seconds, so a search sees
         hundreds to a few thousand of them: FEW_EVALUATIONS. "sim": an evaluation costs about a millisecond, less
         than a policy update: CHEAP_EVALUATIONS over the defaults above (tuned on 300 s searches of ~16,000
-        evaluations)."""
-        return cls(**{**(FEW_EVALUATIONS if reward == "measure" else CHEAP_EVALUATIONS), **overrides})
+        evaluations), unless `local_moves=0` asks for the policy alone (then the defaults, its full warm start)."""
+        if reward == "measure":
+            base = FEW_EVALUATIONS
+        else:
+            base = CHEAP_EVALUATIONS if overrides.get("local_moves", 1) else {}
+        return cls(**{**base, **overrides})
 
     def explore_for(self, num_groups: int) -> float:
         """ε for a policy over `num_groups` groups: explore_groups / G, at most explore_max."""
@@ -145,12 +152,15 @@ FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "
                    "reuse_evaluations": True, "elite_size": 4, "local_moves": 8}
 
 # Settings for searches whose evaluations cost less than a policy update (simulated rewards, ~1-4 ms against
-# ~0.17 s): between updates, 128 evaluations of an annealing chain that the policy's new bests restart (local
-# moves; Search._local_moves). At equal wall time (120 s, the 8 K80 cells, 3 seeds; RESULTS.md "At equal wall
-# time") the policy alone was 1.3-7.8% behind annealing in 5 of 8 cells (it evaluates 2-8x fewer placements);
-# with the chain it is within 1% of annealing's mean in all 8 (3 seeds; 6-9 in the 4-K80 cells). 512 moves and
-# elite_steps 1 were no better on nmt 4xK80 (6 seeds). Measured searches make 8 (FEW_EVALUATIONS).
-CHEAP_EVALUATIONS = {"local_moves": 128}
+# ~0.2-1 s): between updates, at least 128 evaluations of an annealing chain that the policy's new bests restart
+# (local moves; Search._local_moves). At equal wall time (120 s, the 8 K80 cells, 3 seeds; RESULTS.md "At equal
+# wall time") the policy alone was 1.3-7.8% behind annealing in 5 of 8 cells (it evaluates 2-8x fewer
+# placements); with 128 moves per update it was within 1% of annealing's mean in all 8 (3 seeds; 6-9 in the 4-K80
+# cells). Against annealing with linked blocks (2026-12-05, nmt 4xK80, 3 seeds) 128 moves fell 6.9% behind: the
+# updates took ~2/3 of the wall. So the chain also gets 3/4 of the wall time (local_share), and the warm start
+# fits the start in at most 50 steps instead of 300 (~15 s of a 120 s budget): 2.3% behind with the share
+# alone, 0.6% ahead with both (RESULTS.md "Linked block moves"). Measured searches make 8 moves (FEW_EVALUATIONS).
+CHEAP_EVALUATIONS = {"local_moves": 128, "local_share": 0.75, "imitation_steps": 50}
 
 
 def reward_of(step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:

@@ -207,6 +207,7 @@ class Search:
         self.restarts = 0
         self.local_evaluations = 0     # evaluations spent on local moves (ReinforceConfig.local_moves)
         self.local_improvements = 0    # local moves that improved the run's best
+        self.local_seconds = 0.0       # wall seconds spent on local moves (ReinforceConfig.local_share)
         self._local_rng = np.random.default_rng(self.seed + 2)
         self._chain: np.ndarray | None = None   # the local moves' annealing chain: its point,
         self._chain_c = float("inf")   # its charged step time,
@@ -292,7 +293,7 @@ class Search:
             "elite_groups": arr("elite_groups", self.elite_groups), "elite_time": _json_num(self.elite_time),
             "since_elite": self.since_elite, "restarts": self.restarts, "allowed": arr("allowed", self.allowed),
             "local_evaluations": self.local_evaluations, "local_improvements": self.local_improvements,
-            "local_rng": self._local_rng.bit_generator.state, "local_chain": arr("local_chain", self._chain),
+            "local_seconds": self.local_seconds, "local_rng": self._local_rng.bit_generator.state, "local_chain": arr("local_chain", self._chain),
             "local_chain_c": _json_num(self._chain_c), "local_t0": _json_num(self._chain_t0),
             "local_chain_best": _json_num(self._chain_best),
             "config": self.config.to_dict(), "oom_seen": [list(x) for x in self._oom_seen[-64:]],
@@ -383,6 +384,7 @@ class Search:
         self.zero_shot = {k: _num_json(v) for k, v in state.get("zero_shot", {}).items()}
         self.local_evaluations = int(state.get("local_evaluations", 0))
         self.local_improvements = int(state.get("local_improvements", 0))
+        self.local_seconds = float(state.get("local_seconds", 0.0))
         if state.get("local_rng") is not None:
             self._local_rng.bit_generator.state = state["local_rng"]
         ch = state.get("local_chain")
@@ -702,13 +704,30 @@ class Search:
         `local_accept0`) to `local_t_final` over the search's budget (wall seconds or `max_evaluations`). When the
         policy has sampled a new best of the run since the chain's last moves, the chain jumps to it (a worse
         point the chain accepted is kept otherwise, as in annealing): the policy proposes, the chain refines, and
-        the chain's improvements become the run's best, which the elite step fits. At most `limit` evaluations
-        (what is left of `max_evaluations`), through `evaluate_groups` (with the cache, placements evaluated
-        before are looked up). Returns (the search's best improved, the run's best improved)."""
+        the chain's improvements become the run's best, which the elite step fits. With `local_share` > 0 the
+        chain goes on past `local_moves` until its moves have taken that share of the search's wall time so far
+        (or the wall budget is spent). At most `limit` evaluations (what is left of `max_evaluations`), through
+        `evaluate_groups` (with the cache, placements evaluated before are looked up). Returns (the search's best
+        improved, the run's best improved)."""
         cfg = self.config
         n = cfg.local_moves if limit is None else min(cfg.local_moves, limit)
         if n <= 0 or self.elite_groups is None or not np.isfinite(self.elite_time):
             return False, False
+        t_call = time.perf_counter()
+        budget_s = self._budget[0]
+
+        def wanted() -> int:
+            """How many more moves to draw: the rest of `local_moves`, then batches while the chain is under its
+            share of the wall time (within the budget and `limit`)."""
+            if drawn < n:
+                return n - drawn
+            if cfg.local_share <= 0 or (limit is not None and drawn >= limit):
+                return 0
+            wall = self.wall_s()
+            if budget_s is not None and wall >= budget_s:
+                return 0
+            used = self.local_seconds + time.perf_counter() - t_call
+            return cfg.local_batch if used < cfg.local_share * wall else 0
         if self._chain is None or self.elite_time < self._chain_best:   # the policy sampled a new best: jump
             self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
             self._local_seen.add(group_key(self._chain))
@@ -720,8 +739,10 @@ class Search:
         links = getattr(self.grouping, "adjacency", None) if cfg.local_block == "linked" else None
         improved = improved_run = False
         drawn = 0
-        while drawn < n:
-            cands = neighbours(self._chain, self.allowed, self._local_rng, min(max(1, cfg.local_batch), n - drawn),
+        while (want := wanted()) > 0:
+            if limit is not None:
+                want = min(want, limit - drawn)
+            cands = neighbours(self._chain, self.allowed, self._local_rng, min(max(1, cfg.local_batch), want),
                                self._local_seen, links=links)
             if not cands:
                 break
@@ -753,6 +774,7 @@ class Search:
             if k is not None:
                 self._chain, self._chain_c = np.asarray(cands[k], np.int32), float(charged[k])
         self._chain_best = float(self.elite_time)
+        self.local_seconds += time.perf_counter() - t_call
         return improved, improved_run
 
     def _note_sample(self, groups: np.ndarray, placement: np.ndarray, t: float) -> tuple[bool, bool]:
