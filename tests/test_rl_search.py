@@ -280,9 +280,10 @@ def test_restarts_refit_the_start_when_the_run_stalls(tmp_path):
     s = Search(gr, FlatEvaluator(ev.target_ops), cpu_index=CPU, baselines={"single_gpu": start}, progress=False,
                config=cfg, out_dir=tmp_path)
     res = s.run(120, max_updates=8)
-    # update 1 sets the run's elite; 2-4 find nothing better → restart; 5 sets it again; 6-8 → restart
-    assert s.restarts == 2 and [r["restarts"] for r in res.history] == [0, 0, 0, 1, 1, 1, 1, 2]
-    assert s.elite_groups is None and s.search_best == 1.0
+    # the warm start is the first run's elite: updates 1-3 find nothing better → restart; 4 sets the new run's
+    # elite; 5-7 find nothing better → restart; 8 sets it again
+    assert s.restarts == 2 and [r["restarts"] for r in res.history] == [0, 0, 1, 1, 1, 1, 2, 2]
+    assert s.since_elite == 0 and s.search_best == 1.0
     greedy, _ = s.agent.sample(1, greedy=True)
     np.testing.assert_array_equal(greedy[0][1:], s.start_groups[1:])     # group 0 is CPU-only
     r = Search(gr, FlatEvaluator(ev.target_ops), cpu_index=CPU, baselines={"single_gpu": start}, progress=False,
@@ -474,3 +475,16 @@ def test_local_share_gives_the_chain_its_share_of_the_wall_time(monkeypatch):
     # the wall budget bounds the extra moves: they stop within one batch (80 ms here) of it
     b = Search(gr, Slow(ev.target_ops), config=cfg, **kw).run(1.0, max_updates=50)
     assert b.stop_reason == "budget" and 1.0 <= b.wall_s <= 1.08 + 1e-9
+
+
+def test_the_warm_start_is_the_runs_first_elite():
+    # the best grouped baseline the policy imitates is also where the local moves' chain starts, as annealing's
+    # does, however few imitation steps fitted the policy to it
+    gr, ev = _setup(G=8, seed=6)
+    single = gr.expand(np.zeros(gr.num_groups, int), CPU)
+    s = Search(gr, ev, cpu_index=CPU, baselines={"single_gpu": single}, progress=False,
+               config=ReinforceConfig(seed=0, imitation_steps=2, local_moves=8, **SMALL))
+    s.run(60, max_updates=0)
+    assert s.imitated and s.start_groups is not None
+    np.testing.assert_array_equal(s.elite_groups, s.start_groups)
+    assert s.elite_time == pytest.approx(s.grouped_times[s.imitated])

@@ -549,7 +549,9 @@ class Search:
 
     def _warm_start(self) -> None:
         """Imitate a baseline before learning: the best grouped baseline (`_grouped_baselines`) that fits in
-        memory (none fits: cold start)."""
+        memory (none fits: cold start). It is also the run's first elite, as annealing's start is annealing's: the
+        local moves' chain starts from it and the elite steps fit it until a sample or a move beats it (a policy
+        fitted in few imitation steps may sample far from it)."""
         grouped = self._grouped_baselines()
         if grouped is None:
             return
@@ -567,6 +569,9 @@ class Search:
         info = self.agent.imitate(targets[k])
         self.imitated = names[k]
         self.start_groups = targets[k].copy()
+        self.elite_time, self.elite_groups = float(outcomes[k].step_time), np.asarray(targets[k], np.int32).copy()
+        if self.config.elite_size > 1:
+            self._update_elite_set(self.elite_groups[None], np.array([self.elite_time]), np.array([True]))
         log.info("warm start: imitated %s at group level (%.4g s) in %d steps (per-group prob %.3f)", names[k],
                  outcomes[k].step_time, info["imitation_steps"], info["imitation_prob"])
         self.save_checkpoint()
