@@ -159,7 +159,9 @@ FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "
 # cells). Against annealing with linked blocks (2026-12-05, nmt 4xK80, 3 seeds) 128 moves fell 6.9% behind: the
 # updates took ~2/3 of the wall. So the chain also gets 3/4 of the wall time (local_share), and the warm start
 # fits the start in at most 50 steps instead of 300 (~15 s of a 120 s budget): 2.3% behind with the share
-# alone, 0.6% ahead with both (RESULTS.md "Linked block moves"). Measured searches make 8 moves (FEW_EVALUATIONS).
+# alone, 0.6% ahead with both; with the warm start as the chain's start too, within 1% in 3 of the 4 4-K80 cells
+# and 1.7% behind on nmt (3 seeds; RESULTS.md "At equal wall time against linked blocks"). Measured searches
+# make 8 moves (FEW_EVALUATIONS).
 CHEAP_EVALUATIONS = {"local_moves": 128, "local_share": 0.75, "imitation_steps": 50}
 
 

@@ -293,7 +293,8 @@ class Search:
             "elite_groups": arr("elite_groups", self.elite_groups), "elite_time": _json_num(self.elite_time),
             "since_elite": self.since_elite, "restarts": self.restarts, "allowed": arr("allowed", self.allowed),
             "local_evaluations": self.local_evaluations, "local_improvements": self.local_improvements,
-            "local_seconds": self.local_seconds, "local_rng": self._local_rng.bit_generator.state, "local_chain": arr("local_chain", self._chain),
+            "local_seconds": self.local_seconds, "local_rng": self._local_rng.bit_generator.state,
+            "local_chain": arr("local_chain", self._chain),
             "local_chain_c": _json_num(self._chain_c), "local_t0": _json_num(self._chain_t0),
             "local_chain_best": _json_num(self._chain_best),
             "config": self.config.to_dict(), "oom_seen": [list(x) for x in self._oom_seen[-64:]],
@@ -569,12 +570,16 @@ class Search:
         info = self.agent.imitate(targets[k])
         self.imitated = names[k]
         self.start_groups = targets[k].copy()
-        self.elite_time, self.elite_groups = float(outcomes[k].step_time), np.asarray(targets[k], np.int32).copy()
-        if self.config.elite_size > 1:
-            self._update_elite_set(self.elite_groups[None], np.array([self.elite_time]), np.array([True]))
+        self._start_elite(targets[k], float(outcomes[k].step_time))
         log.info("warm start: imitated %s at group level (%.4g s) in %d steps (per-group prob %.3f)", names[k],
                  outcomes[k].step_time, info["imitation_steps"], info["imitation_prob"])
         self.save_checkpoint()
+
+    def _start_elite(self, groups: np.ndarray, t: float) -> None:
+        """A start placement (step time `t`) becomes the run's elite (and a member of its elite set)."""
+        self.elite_time, self.elite_groups = t, np.asarray(groups, np.int32).copy()
+        if self.config.elite_size > 1:
+            self._update_elite_set(self.elite_groups[None], np.array([t]), np.array([True]))
 
     def _pretrained_start(self) -> None:
         """A fine-tune from a pretrained policy starts as a search from scratch does: from the better of the
@@ -592,10 +597,8 @@ class Search:
         if grouped is not None:
             names, targets, outcomes, k = grouped
             if outcomes[k].ok and outcomes[k].step_time < self.elite_time:
-                g = np.asarray(targets[k], np.int32)
-                self.elite_time, self.elite_groups, self.start_groups = float(outcomes[k].step_time), g.copy(), g.copy()
-                if self.config.elite_size > 1:
-                    self._update_elite_set(g[None], np.array([self.elite_time]), np.array([True]))
+                self.start_groups = np.asarray(targets[k], np.int32).copy()
+                self._start_elite(self.start_groups, float(outcomes[k].step_time))
                 self.zero_shot["start"] = f"{names[k]} (grouped)"
         heuristics = [t for t in list(self.baselines.values()) + list(self.grouped_times.values())
                       if t is not None and np.isfinite(t)]
