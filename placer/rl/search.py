@@ -725,17 +725,17 @@ class Search:
         budget_s = self._budget[0]
 
         def wanted() -> int:
-            """How many more moves to draw: the rest of `local_moves`, then batches while the chain is under its
-            share of the wall time (within the budget and `limit`)."""
+            """How many more moves to draw: the rest of `local_moves` (n is within `limit`), then batches while the
+            chain is under its share of the wall time, within the budget and `limit`."""
             if drawn < n:
                 return n - drawn
-            if cfg.local_share <= 0 or (limit is not None and drawn >= limit):
+            if cfg.local_share <= 0:
                 return 0
             wall = self.wall_s()
-            if budget_s is not None and wall >= budget_s:
+            if (budget_s is not None and wall >= budget_s) \
+                    or self.local_seconds + time.perf_counter() - t_call >= cfg.local_share * wall:
                 return 0
-            used = self.local_seconds + time.perf_counter() - t_call
-            return cfg.local_batch if used < cfg.local_share * wall else 0
+            return cfg.local_batch if limit is None else min(cfg.local_batch, limit - drawn)
         if self._chain is None or self.elite_time < self._chain_best:   # the policy sampled a new best: jump
             self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
             self._local_seen.add(group_key(self._chain))
@@ -748,8 +748,6 @@ class Search:
         improved = improved_run = False
         drawn = 0
         while (want := wanted()) > 0:
-            if limit is not None:
-                want = min(want, limit - drawn)
             cands = neighbours(self._chain, self.allowed, self._local_rng, min(max(1, cfg.local_batch), want),
                                self._local_seen, links=links)
             if not cands:
