@@ -6,7 +6,8 @@
 
 With --policy-config, the table adds the policy runs at 1,000 evaluations whose `policy_config` is exactly that
 object (not pretrained; `reuse_evaluations` is read from the record, false if absent), every policy seed recorded
-(`--first-policy-seed` adds seeds on the same problem), their mean against annealing's 5-seed mean.
+(`--first-policy-seed` adds seeds on the same problem), their mean against annealing's 5-seed mean; `--since DATE`
+keeps only the policy runs recorded on or after DATE.
 
 Reads only recorded runs (all simulated):
   * annealing at 1,000 evaluations, seeds 0-4: `anneal_s_seeds` of the latest `anneal_vs_policy` record in
@@ -43,7 +44,7 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def table(policy_config: dict | None = None, anneal_block: str = "linked") -> list[dict]:
+def table(policy_config: dict | None = None, anneal_block: str = "linked", since: str | None = None) -> list[dict]:
     runs = _lines(RESULTS / "bench_anneal.jsonl")
     tune = _lines(RESULTS / "bench_anneal_tune.jsonl")
     bench = json.loads((RESULTS / "results.json").read_text()) if (RESULTS / "results.json").exists() else []
@@ -78,7 +79,8 @@ def table(policy_config: dict | None = None, anneal_block: str = "linked") -> li
         if policy_config is not None:
             want = {"reuse_evaluations": False, **policy_config}
             mine = [r for r in cell if not r.get("pretrained") and want == {
-                **r.get("policy_config", {}), "reuse_evaluations": bool(r.get("reuse_evaluations", False))}]
+                **r.get("policy_config", {}), "reuse_evaluations": bool(r.get("reuse_evaluations", False))}
+                and (since is None or r.get("date", "") >= since)]
             by_seed = {}                 # policy seed → its best within 1,000 (the latest record wins)
             for r in mine:
                 ps = r.get("policy_seeds") or [r.get("policy_seed", 0) + i for i in range(len(r["policy_s_seeds"]))]
@@ -98,8 +100,10 @@ def main(argv=None) -> int:
     ap.add_argument("--policy-config", metavar="JSON", help="also compare the policy runs with this policy_config")
     ap.add_argument("--anneal-block", default="linked", choices=("linked", "run"),
                     help="the annealer's block moves to compare against (AnnealConfig.block; default the current)")
+    ap.add_argument("--since", metavar="DATE", help="with --policy-config: only policy runs recorded on or after DATE "
+                    "(the records' `date`, e.g. "2026-12-05 05:00"), so that runs of older code are left out")
     a = ap.parse_args(argv)
-    rows = table(json.loads(a.policy_config) if a.policy_config else None, a.anneal_block)
+    rows = table(json.loads(a.policy_config) if a.policy_config else None, a.anneal_block, a.since)
     print("| model | K80s | anneal at 1,000: mean of seeds 0-4 (s) | anneal at 20,000: seeds 0-2 (s) | "
           "policy, 300 s search (s) | anneal, 120 s (s) | policy, 120 s (s) | best known (s) | "
           "ceiling: best known vs anneal's 1,000 mean |")
