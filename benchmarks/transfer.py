@@ -6,8 +6,9 @@
 For each held-out graph (`placer.pretrain.HELD_OUT` families: inception_v3, gpt, clip), on one problem built once
 (cluster, costs, grouping, baselines), in one run:
 - zero-shot: `build_problem(..., baselines=False)` then the policy's zero-shot batches (`search(..., policy=P,
-  max_updates=0)`, batches of 64 for `PLACE_SAMPLE_SECONDS`, the best by the simulator): `zero_shot_s` (the
-  policy's own best), `zero_shot_spread` (its busiest device's share of the op work, devices with >= 5%) and
+  max_updates=0)`, batches of 64 for `PLACE_SAMPLE_SECONDS`, the best by the simulator, refined by local moves
+  from it for `PLACE_REFINE_SECONDS`, as `placer place` does): `zero_shot_s` (the search's own best, the refined
+  one; never a baseline's), `zero_shot_sampled_s` (the best of the policy's samples alone), `zero_shot_spread` (its busiest device's share of the op work, devices with >= 5%) and
   `zero_shot_wall_s` (building the problem without baselines + sampling + simulating; what `placer place
   --no-baselines` costs, graph import excluded: cached; TensorFlow is imported before the first graph, as the
   `placer` command imports it at start, so that no graph's wall includes it);
@@ -63,7 +64,7 @@ def zero_shot(spec: str, policy: str, seed: int) -> tuple[dict, object]:
     from placer.pretrain import HELD_OUT
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
-    from placer.search import PLACE_SAMPLE_SECONDS, load_policy, search
+    from placer.search import PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS, load_policy, search
 
     model, size, cluster, precision = parse_graph(spec)
     if model not in HELD_OUT:
@@ -73,16 +74,19 @@ def zero_shot(spec: str, policy: str, seed: int) -> tuple[dict, object]:
     t0 = time.perf_counter()
     bare = build_problem(g, cluster, seed=seed, baselines=False)
     r = search(bare, budget_seconds=1.0, max_updates=0, seed=seed, policy=load_policy(policy),
-               config=ReinforceConfig(seed=seed, zero_shot_seconds=PLACE_SAMPLE_SECONDS))
+               config=ReinforceConfig(seed=seed, zero_shot_seconds=PLACE_SAMPLE_SECONDS,
+                                      zero_shot_refine_seconds=PLACE_REFINE_SECONDS))
     rec["zero_shot_wall_s"] = time.perf_counter() - t0
     rec["zero_shot_s"] = float(r.search_best) if np.isfinite(r.search_best) else None
     rec["zero_shot"] = r.extra.get("zero_shot", {})
+    rec["zero_shot_sampled_s"] = rec["zero_shot"].get("sampled_best_s", rec["zero_shot_s"])
     if rec["zero_shot_s"] is not None:     # without baselines the returned placement is the policy's own best
         rec["zero_shot_spread"] = spread(bare, r.placement.to_indices(g, bare.device_names))
     bare.close()
     sp = rec.get("zero_shot_spread")
-    print(f"{spec}: zero-shot {rec['zero_shot_s']} s in {rec['zero_shot_wall_s']:.1f} s (sampling and simulating "
-          f"{rec['zero_shot'].get('wall_s', float('nan')):.1f} s)"
+    print(f"{spec}: zero-shot {rec['zero_shot_s']} s (samples alone {rec['zero_shot_sampled_s']} s) in "
+          f"{rec['zero_shot_wall_s']:.1f} s (sampling and simulating {rec['zero_shot'].get('wall_s', float('nan')):.1f}"
+          f" s, local moves {rec['zero_shot'].get('refine_s', 0.0):.1f} s)"
           + (f"; {100 * sp['busiest_share']:.0f}% of the work on one device, {sp['devices_used']} of "
              f"{sp['devices']} devices with >= 5%" if sp else ""), flush=True)
     return rec, g
@@ -144,15 +148,19 @@ def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], see
 
 def section(recs: list[dict], info: dict, command: str, date: str, mach: str, finetune: float,
             scratch: list[float]) -> str:
+    from placer.search import PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS
+
     f = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
     ft = f"finetune{int(finetune)}_s"
     sc = [f"scratch{int(b)}_s" for b in scratch]
-    head = ("| graph | ops | groups | best baseline (s) | zero-shot (s) | zero-shot wall (s) | "
-            f"fine-tune {finetune:.0f} s (s) | " + " | ".join(f"scratch {b:.0f} s (s)" for b in scratch) + " |")
-    rows = [head, "|" + "---|" * (6 + 1 + len(scratch))]
+    head = ("| graph | ops | groups | best baseline (s) | zero-shot: samples alone (s) | zero-shot (s) | "
+            f"zero-shot wall (s) | fine-tune {finetune:.0f} s (s) | "
+            + " | ".join(f"scratch {b:.0f} s (s)" for b in scratch) + " |")
+    rows = [head, "|" + "---|" * (7 + 1 + len(scratch))]
     for r in recs:
         rows.append(f"| {r['graph']} | {r['ops']:,} | {r['groups']} | {f(r['best_baseline_s'])} ({r['best_baseline']}) "
-                    f"| {f(r['zero_shot_s'])} | {r['zero_shot_wall_s']:.1f} | {f(r.get(ft))} | "
+                    f"| {f(r.get('zero_shot_sampled_s'))} | {f(r['zero_shot_s'])} | {r['zero_shot_wall_s']:.1f} "
+                    f"| {f(r.get(ft))} | "
                     + " | ".join(f(r.get(k)) for k in sc) + " |")
     lines = ["## Placing unseen graphs (issue 13)", "",
              f"Written by `benchmarks/transfer.py` ({date}; {mach}). Command: `{command}`. Policy: "
@@ -160,7 +168,10 @@ def section(recs: list[dict], info: dict, command: str, date: str, mach: str, fi
              f"({len(info.get('problems', []))} problems, {info.get('train_wall_s', 0):.0f} s of training); the "
              f"families {', '.join(info.get('held_out_families', []))} were never in it. Step times simulated "
              "(preset clusters, analytical costs), every search figure the policy's own best (`search_best_s`); "
-             "walls measured on this 2-core machine.", "", *rows, ""]
+             "walls measured on this 2-core machine. Zero-shot: the best of the policy's samples "
+             f"({PLACE_SAMPLE_SECONDS:g} s of batches of 64), then local moves from it for {PLACE_REFINE_SECONDS:g} s "
+             "(`placer place`'s answer; never from a baseline); the wall includes building the problem.", "", *rows,
+             ""]
     lines += ["At equal evaluations (`placer.bench.best_within`: every placement a method evaluated counts, the "
               "op-level baselines included; the best of the method's own placements, and for the searches from "
               "scratch and annealing their shared start, the best grouped baseline):", "",
@@ -178,6 +189,9 @@ def section(recs: list[dict], info: dict, command: str, date: str, mach: str, fi
         if zs is not None and bb is not None:
             notes.append(f"zero-shot {'≤' if zs <= bb else '>'} best baseline ({100 * (zs / bb - 1):+.1f}%), "
                          f"in {r['zero_shot_wall_s']:.1f} s ({'≤' if r['zero_shot_wall_s'] <= 10 else '>'} 10 s)")
+        if zs is not None and sc and r.get(sc[-1]) is not None:
+            notes.append(f"zero-shot vs scratch {scratch[-1]:.0f} s: {100 * (zs / r[sc[-1]] - 1):+.1f}% "
+                         f"({'within' if zs <= 1.05 * r[sc[-1]] else 'not within'} 5%)")
         if r.get(ft) is not None and sc and r.get(sc[-1]) is not None:
             notes.append(f"fine-tune {finetune:.0f} s vs scratch {scratch[-1]:.0f} s: "
                          f"{100 * (r[ft] / r[sc[-1]] - 1):+.1f}%")

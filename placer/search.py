@@ -33,9 +33,13 @@ log = logging.getLogger(__name__)
 
 REMEASURE_TOP = 3
 # `placer place` / `place(policy=...)`: the zero-shot answer keeps sampling batches from the policy for this long
-# (ReinforceConfig.zero_shot_seconds): on the held-out graphs, simulated, 5 s against one batch of 64: gpt@DGX1:fp16
-# 0.3298 s against 0.3465, clip 0.3568 against 0.3667 (`benchmarks/transfer.py --zero-shot-only`; README)
-PLACE_SAMPLE_SECONDS = 5.0
+# (ReinforceConfig.zero_shot_seconds), then refines the best sample by local moves for PLACE_REFINE_SECONDS
+# (zero_shot_refine_seconds). Simulated, the held-out graphs, seed 0, 2026-12-05 (RESULTS.md "Placing unseen
+# graphs"): 5 s of sampling alone gave inception_v3@4xK80 0.5157 s, gpt@DGX1:fp16 0.3799, clip@DGX1:fp16 0.3065;
+# 2 s of sampling + 5 s of local moves 0.3855, 0.3240, 0.2720 (one batch + 6 s: 0.3856, 0.3251, 0.2751). More
+# samples improve the policy's best slowly; the chain, at ~100-200 evaluations a second, much faster.
+PLACE_SAMPLE_SECONDS = 2.0
+PLACE_REFINE_SECONDS = 5.0
 DROP_AFTER = 2       # measurements that find a device dead before a measured search drops it and re-places
 
 

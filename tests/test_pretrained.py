@@ -146,6 +146,61 @@ def test_zero_shot_samples_batches_for_its_seconds_and_evaluates_each_placement_
         p.close()
 
 
+def test_zero_shot_refinement_starts_from_the_policys_best_sample_and_keeps_its_seconds(nmt_tiny):
+    """`placer place` refines the best sample by local moves for `zero_shot_refine_seconds`: the chain starts from
+    that sample (its first moves are neighbours of it, not of a baseline, though baselines were evaluated), every
+    move keeps groups on allowed devices, each placement is evaluated once, the answer is never worse than the
+    sampled best, and the seconds are kept."""
+    from placer.problem import build_problem
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+    from placer.search import load_policy, policy_inputs
+
+    class Recording:
+        def __init__(self, inner):
+            self.inner, self.seen = inner, []
+
+        def evaluate(self, placements):
+            self.seen.extend(np.asarray(p).copy() for p in placements)
+            return self.inner.evaluate(placements)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    weights = load_policy("default")
+    p = build_problem(nmt_tiny, "4xK80", seed=0)
+    try:
+        ev = Recording(p.simulator)
+        cfg = ReinforceConfig(seed=0, portable=True, hidden_size=weights.hidden_size, attn_size=weights.attn_size,
+                              zero_shot_samples=8, zero_shot_seconds=0.0, zero_shot_refine_seconds=1.0)
+        s = Search(p.grouping, ev, cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg,
+                   baselines=p.baselines, progress=False, tensorboard=False,
+                   policy_inputs=lambda: policy_inputs(p), pretrained=weights)
+        s.run(60.0, max_updates=0)
+        z = s.zero_shot
+        nb = len(p.baselines)
+        sampled = [ev.inner.evaluate([x])[0].step_time for x in ev.seen[nb:nb + z["evaluated"]]]
+        assert z["sampled_best_s"] == pytest.approx(min(sampled))
+        assert z["refine_evaluations"] >= 1 and s.evaluations == nb + z["evaluated"] + z["refine_evaluations"]
+        assert len(ev.seen) == s.evaluations
+        assert s.search_best == z["best_s"] <= z["sampled_best_s"]
+        assert 1.0 <= z["refine_s"] < 10.0
+        keys = [x.tobytes() for x in ev.seen[nb:]]
+        assert len(keys) == len(set(keys)), "a placement was evaluated twice"
+        # the first local move is a neighbour of the best sample: at most AnnealConfig.block_max (8) groups moved
+        best = ev.seen[nb + int(np.argmin(sampled))]
+        first = ev.seen[nb + z["evaluated"]]
+        moved = np.unique(p.grouping.op_group[best != first])
+        assert 1 <= len(moved) <= 8
+        # every refined placement keeps each op on a device its group may use (CPU-only ops: the CPU)
+        free = ~np.asarray(p.grouping.op_cpu_only, bool)
+        for x in ev.seen[nb + z["evaluated"]:]:
+            assert p.allowed[p.grouping.op_group[free], x[free]].all()
+            assert (x[~free] == p.cluster.cpu_index).all()
+    finally:
+        p.close()
+
+
 def test_save_load_roundtrip_and_bad_files_get_one_line(tmp_path):
     from placer.rl.portable import PortableWeights
 
@@ -199,7 +254,7 @@ def test_shipped_policy_places_a_family_it_never_saw(inception_tiny):
     assert not any(n.startswith(HELD_OUT) for n in info["problems"]), "a held-out family is in the corpus"
     for n in (2, 5, 8):
         r = placer.place(inception_tiny, cluster=f"{n}xK80", policy="default", budget_seconds=0, samples=16,
-                         sample_seconds=0)
+                         sample_seconds=0, refine_seconds=0)
         z = r.extra["zero_shot"]
         assert z["samples"] == 16 and z["fits"] >= 1
         assert np.isfinite(r.search_best) and r.step_time <= r.search_best
@@ -213,10 +268,12 @@ def test_cli_place_writes_placement_and_summary(tmp_path):
 
     out = tmp_path / "d"
     assert main(["place", "--policy", "default", "--model", "nmt", "--size", "tiny", "--cluster", "4xK80",
-                 "--samples", "8", "--sample-seconds", "0", "--out", str(out), "--no-progress"]) == 0
+                 "--samples", "8", "--sample-seconds", "0", "--refine-seconds", "0.5", "--out", str(out),
+                 "--no-progress"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert (out / "placement.json").exists()
     assert s["policy"] == "default" and s["zero_shot"]["samples"] == 8 and s["updates"] == 0
+    assert s["zero_shot"]["refine_evaluations"] >= 1 and s["search_best_s"] <= s["zero_shot"]["sampled_best_s"]
     assert s["search_best_s"] is not None and s["step_time_s"] <= s["search_best_s"] + 1e-12
 
 

@@ -148,14 +148,14 @@ def run_replace(args) -> int:
 def run_place(args) -> int:
     """`placer place --policy P (GRAPH | --model M) --cluster C --out DIR`: the pretrained policy's zero-shot
     answer (the best of the placements it samples, batches of --samples for --sample-seconds, by the simulator,
-    against the baselines), then --budget seconds of
+    refined by --refine-seconds of local moves from it, against the baselines), then --budget seconds of
     fine-tuning if asked. Writes placement.json and summary.json as `placer search` does (+ "zero_shot")."""
     import time
 
     from placer.cli import load_from_args
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
-    from placer.search import PLACE_SAMPLE_SECONDS, load_policy, search
+    from placer.search import PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS, load_policy, search
 
     t0 = time.perf_counter()
     if args.samples < 1:
@@ -163,6 +163,9 @@ def run_place(args) -> int:
     seconds = PLACE_SAMPLE_SECONDS if getattr(args, "sample_seconds", None) is None else args.sample_seconds
     if seconds < 0:
         raise SearchError(f"--sample-seconds must be 0 or more, got {seconds}")
+    refine = PLACE_REFINE_SECONDS if getattr(args, "refine_seconds", None) is None else args.refine_seconds
+    if refine < 0:
+        raise SearchError(f"--refine-seconds must be 0 or more, got {refine}")
     if args.budget < 0:
         raise SearchError(f"--budget must be 0 or more, got {args.budget}")
     out = Path(args.out)
@@ -175,7 +178,8 @@ def run_place(args) -> int:
     try:
         res = search(problem, budget_seconds=args.budget if args.budget > 0 else 1.0, seed=args.seed,
                      config=ReinforceConfig(seed=args.seed, zero_shot_samples=args.samples,
-                                            zero_shot_seconds=seconds), out_dir=out,
+                                            zero_shot_seconds=seconds, zero_shot_refine_seconds=refine),
+                     out_dir=out,
                      progress=not args.no_progress, max_updates=None if args.budget > 0 else 0, policy=weights,
                      model_name=args.model or graph.name)
     finally:
@@ -189,10 +193,13 @@ def run_place(args) -> int:
         print_json(summary)
         return 0
     z = res.extra.get("zero_shot", {})
-    best = z.get("best_s")
+    best, sampled = z.get("best_s"), z.get("sampled_best_s")
+    refined = (f"; refined by {z.get('refine_evaluations', 0)} local moves to {best * 1e3:.3f} ms "
+               f"({z.get('refine_s', 0):.1f} s)" if sampled is not None and best is not None else "")
+    first = sampled if sampled is not None else best
     print(f"zero-shot: {z.get('samples', 0)} placements from {summary.get('policy')} "
           f"({z.get('evaluated', z.get('samples', 0))} distinct), {z.get('fits', 0)} fit, "
-          f"best {'none' if best is None else f'{best * 1e3:.3f} ms'} ({z.get('wall_s', 0):.1f} s); "
+          f"best {'none' if first is None else f'{first * 1e3:.3f} ms'} ({z.get('wall_s', 0):.1f} s){refined}; "
           f"total {summary['place_wall_s']:.1f} s")
     _print_summary(summary, out)
     return 0

@@ -109,6 +109,11 @@ class ReinforceConfig:
     zero_shot_samples: int = 64      # placements sampled from a pretrained policy before any update (one is greedy)
     zero_shot_seconds: float = 0.0   # ...and more batches of as many until this many seconds (`placer place`: 5)
     zero_shot_max: int = 2048        # ...drawing at most this many (a batch that draws nothing new also stops)
+    # ...then local moves from the best of them (the annealer's moves; never from a baseline) for this many
+    # seconds (`placer place`: placer.search.PLACE_REFINE_SECONDS), the chain's T0 accepting a median worsening
+    # move with this probability (colder than the annealer's 0.3: a few seconds leave no time to wander)
+    zero_shot_refine_seconds: float = 0.0
+    zero_shot_refine_accept0: float = 0.05
     # a fine-tune fits the pretrained policy to its start (as the warm start fits a fresh one): "auto" unless the
     # zero-shot best beats every baseline (then the policy knows the graph), "always", "never". At equal
     # evaluations (benchmarks/finetune_start.py): fitting helped inception_v3 (whose zero-shot best is slower than

@@ -214,6 +214,8 @@ class Search:
         self._chain_t0 = float("nan")  # and its starting temperature
         self._chain_best = float("inf")   # the run's best when the chain last moved (a better one: the policy's)
         self._local_seen: set[bytes] = set()   # group placements the chain evaluated (not checkpointed)
+        self._cands: list = []         # the chain's last batch of neighbours (_chain_batch) and their charged
+        self._cands_charged = np.empty(0)   # step times, for _chain_accept
         self._budget: tuple[float | None, int | None] = (None, None)   # run()'s budget, for the chain's schedule
         self._oom_seen: list = []      # (max used/capacity ratio, device index, used, capacity) of OOM outcomes
         self.failure_counts: dict[str, int] = {}   # first line of a non-memory failure's reason → how many
@@ -602,7 +604,7 @@ class Search:
                 self.zero_shot["start"] = f"{names[k]} (grouped)"
         heuristics = [t for t in list(self.baselines.values()) + list(self.grouped_times.values())
                       if t is not None and np.isfinite(t)]
-        zs = self.zero_shot.get("best_s")
+        zs = self.zero_shot.get("sampled_best_s", self.zero_shot.get("best_s"))   # the policy's samples, unrefined
         trusted = zs is not None and np.isfinite(zs) and all(zs < t for t in heuristics)
         fit = self.config.pretrained_fit
         if fit not in ("auto", "always", "never"):
@@ -684,6 +686,7 @@ class Search:
         log.info("zero-shot: %d placements from the pretrained policy (%d distinct), %d fit, best %s in %.2f s",
                  drawn, len(placements), self.zero_shot["fits"],
                  f"{self.search_best:.4g} s" if np.isfinite(self.search_best) else "none", self.zero_shot["wall_s"])
+        self._refine()
         self.history.append({"update": 0, "wall_s": self.wall_s(), "evaluations": self.evaluations,
                              "best_s": self.best_time, "search_best_s": self.search_best,
                              "mean_s": float(np.mean(times[np.isfinite(times)])) if np.isfinite(times).any()
@@ -741,47 +744,100 @@ class Search:
             self._local_seen.add(group_key(self._chain))
         if len(self._local_seen) > LOCAL_SEEN_MAX:
             self._local_seen = {group_key(self._chain)}
-        from placer.rl.reinforce import evaluate_groups
-
-        fail_t = self.failure_step_time if self.failure_step_time is not None else 100.0
-        links = getattr(self.grouping, "adjacency", None) if cfg.local_block == "linked" else None
         improved = improved_run = False
         drawn = 0
         while (want := wanted()) > 0:
-            cands = neighbours(self._chain, self.allowed, self._local_rng, min(max(1, cfg.local_batch), want),
-                               self._local_seen, links=links)
-            if not cands:
+            step = self._chain_batch(min(max(1, cfg.local_batch), want))
+            if step is None:
                 break
-            drawn += len(cands)
-            self._local_seen.update(group_key(g) for g in cands)
-            r = evaluate_groups(cands, lambda i: self.grouping.expand(cands[i], self.cpu_index), self.evaluator,
-                                fail_t, self.device_capacity, self.cache)
-            self.evaluations += len(r.outcomes)
-            self.local_evaluations += len(r.outcomes)
-            self._note_oom(r.outcomes)
-            charged, times = r.charged, r.times
-            ok = np.isfinite(times)
-            if cfg.elite_size > 1:
-                self._update_elite_set(np.stack(cands), times, ok)
-            b = int(np.argmin(times))
-            if ok[b] and times[b] < self.elite_time:
-                g = np.asarray(cands[b], np.int32)
-                i, _ = self._note_sample(g, self.grouping.expand(g, self.cpu_index), float(times[b]))
-                improved = improved or i
-                improved_run = True
-                self.local_improvements += 1
+            n_drawn, charged, i, ir = step
+            drawn += n_drawn
+            improved, improved_run = improved or i, improved_run or ir
             delta = charged / max(self._chain_c, 1e-30) - 1.0
             if not np.isfinite(self._chain_t0):          # T0 from the first batch's worsening moves
                 self._chain_t0 = initial_temperature(delta, cfg.local_accept0)
             t0 = self._chain_t0
             t_fin = min(cfg.local_t_final, t0)
             temp = t0 * (t_fin / t0) ** min(1.0, max(0.0, self._progress()))
-            k = accept_move(delta, temp, "greedy", self._local_rng)
-            if k is not None:
-                self._chain, self._chain_c = np.asarray(cands[k], np.int32), float(charged[k])
+            self._chain_accept(delta, temp)
         self._chain_best = float(self.elite_time)
         self.local_seconds += time.perf_counter() - t_call
         return improved, improved_run
+
+    def _chain_batch(self, k: int):
+        """One batch of the chain: up to `k` neighbours of its point not evaluated before (the annealer's moves,
+        `ReinforceConfig.local_block`), evaluated in one call (through the cache); a working one faster than the
+        run's best becomes the run's best (`_note_sample`). Returns None when no new neighbour is left, else
+        (neighbours evaluated, their charged step times, the search's best improved, the run's best improved);
+        the neighbours are kept in `self._cands` for `_chain_accept`."""
+        from placer.rl.reinforce import evaluate_groups
+
+        cfg = self.config
+        links = getattr(self.grouping, "adjacency", None) if cfg.local_block == "linked" else None
+        cands = neighbours(self._chain, self.allowed, self._local_rng, k, self._local_seen, links=links)
+        if not cands:
+            return None
+        self._local_seen.update(group_key(g) for g in cands)
+        fail_t = self.failure_step_time if self.failure_step_time is not None else 100.0
+        r = evaluate_groups(cands, lambda i: self.grouping.expand(cands[i], self.cpu_index), self.evaluator,
+                            fail_t, self.device_capacity, self.cache)
+        self.evaluations += len(r.outcomes)
+        self.local_evaluations += len(r.outcomes)
+        self._note_oom(r.outcomes)
+        times = r.times
+        ok = np.isfinite(times)
+        if cfg.elite_size > 1:
+            self._update_elite_set(np.stack(cands), times, ok)
+        improved = improved_run = False
+        b = int(np.argmin(times))
+        if ok[b] and times[b] < self.elite_time:
+            g = np.asarray(cands[b], np.int32)
+            improved, _ = self._note_sample(g, self.grouping.expand(g, self.cpu_index), float(times[b]))
+            improved_run = True
+            self.local_improvements += 1
+        self._cands, self._cands_charged = cands, r.charged
+        return len(cands), r.charged, improved, improved_run
+
+    def _chain_accept(self, delta: np.ndarray, temp: float) -> None:
+        """The annealer's "greedy" rule on the last batch's relative changes `delta` at temperature `temp`: the
+        chain moves to the accepted neighbour, if any."""
+        k = accept_move(delta, temp, "greedy", self._local_rng)
+        if k is not None:
+            self._chain, self._chain_c = np.asarray(self._cands[k], np.int32), float(self._cands_charged[k])
+
+    def _refine(self) -> None:
+        """`placer place`'s refinement of the zero-shot answer: for `zero_shot_refine_seconds`, an annealing chain
+        from the best placement the policy sampled (never from a baseline), with the annealer's moves and rule,
+        T0 accepting a median worsening move with probability `zero_shot_refine_accept0` and falling
+        geometrically to `local_t_final` over the seconds. Its improvements become the search's best (as the
+        local moves' do); `zero_shot` records the sampled best (`sampled_best_s`), the refined one (`best_s`),
+        and the chain's evaluations and wall."""
+        cfg = self.config
+        secs = float(cfg.zero_shot_refine_seconds)
+        if secs <= 0 or self.elite_groups is None or not np.isfinite(self.elite_time):
+            return
+        t_start = time.perf_counter()
+        evals0 = self.evaluations
+        self.zero_shot["sampled_best_s"] = float(self.elite_time)
+        self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
+        self._local_seen.add(group_key(self._chain))
+        t0 = float("nan")
+        while (spent := time.perf_counter() - t_start) < secs:
+            step = self._chain_batch(max(1, cfg.local_batch))
+            if step is None:
+                break
+            delta = step[1] / max(self._chain_c, 1e-30) - 1.0
+            if not np.isfinite(t0):
+                t0 = initial_temperature(delta, cfg.zero_shot_refine_accept0)
+            t_fin = min(cfg.local_t_final, t0)
+            self._chain_accept(delta, t0 * (t_fin / t0) ** min(1.0, spent / secs))
+        self.zero_shot.update(best_s=float(self.search_best), refine_evaluations=self.evaluations - evals0,
+                              refine_s=time.perf_counter() - t_start)
+        self._chain, self._chain_c, self._chain_best = None, float("inf"), float("inf")  # the search's own chain
+        self._local_seen = set()
+        log.info("zero-shot refined by local moves: %.4g s -> %.4g s in %d evaluations, %.2f s",
+                 self.zero_shot["sampled_best_s"], self.search_best, self.zero_shot["refine_evaluations"],
+                 self.zero_shot["refine_s"])
 
     def _note_sample(self, groups: np.ndarray, placement: np.ndarray, t: float) -> tuple[bool, bool]:
         """A working placement the search evaluated (a sample or a local move), step time `t`: the search's best,
