@@ -187,11 +187,19 @@ def best_within(curve: list[dict], n: int) -> float | None:
 def policy_curve(res, n_baselines: int) -> list[dict]:
     """The policy search's (a SearchResult's) best-so-far against evaluations, as `best_within` reads it: a
     first row once the `n_baselines` op-level baselines and the grouped baselines were evaluated, holding the
-    best grouped baseline, then one row per update with the best the policy itself sampled so far."""
+    best grouped baseline, then a row after each batch that improved the policy's own best (its samples, the
+    local moves between updates, a zero-shot refinement: `extra["best_curve"]`), and a last row at the search's
+    total evaluations. A result without that curve (older ones) falls back on one row per update (`history`),
+    which counts the local moves between two updates only at the second."""
     grouped = [t for t in (res.extra.get("grouped_baselines") or {}).values() if t is not None]
     e0 = n_baselines + len(res.extra.get("grouped_baselines") or {})
     start = min(grouped) if grouped else float("inf")
-    return [{"evaluations": e0, "best_s": start}] + [
+    rows = [{"evaluations": e0, "best_s": start}]
+    if "best_curve" in res.extra:
+        rows += [{"evaluations": int(e), "best_s": min(start, float(t))} for e, t in res.extra["best_curve"]]
+        best = min([r["best_s"] for r in rows])
+        return rows + [{"evaluations": int(res.evaluations), "best_s": min(best, float(res.search_best))}]
+    return rows + [
         {"evaluations": int(h["evaluations"]), "best_s": min(start, float(h["search_best_s"]))}
         for h in res.history if isinstance(h, dict) and "evaluations" in h]
 

@@ -263,7 +263,9 @@ def _result(problem: PlacementProblem, res, t0: float, out: Path | None, **extra
         # the policy's samples that repeated a placement already evaluated, looked up instead (reuse_evaluations)
         "repeats_looked_up": int(sum(h.get("drawn", 0) - h.get("new", 0) for h in res.history
                                      if isinstance(h, dict) and "drawn" in h)),
-        "out_dir": str(out) if out is not None else None, **extra}
+        "out_dir": str(out) if out is not None else None,
+        # the policy's own best against evaluations, one point per batch that improved it (placer.bench.policy_curve)
+        "best_curve": [list(p) for p in res.best_curve], **extra}
     return SearchResult(placement=problem.placement(res.placement), step_time=float(res.step_time),
                         search_best=float(res.search_best), baselines=baselines, lower_bound=problem.lower_bound,
                         history=res.history, evaluations=res.evaluations, wall_s=float(res.wall_s), extra=info)

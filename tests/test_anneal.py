@@ -128,14 +128,16 @@ def test_anneal_beats_its_start_and_reaches_a_known_optimum():
 
 
 class Counting(Evaluator):
-    """Counts what reaches the problem's simulator, batch by batch."""
+    """Counts what reaches the problem's simulator, batch by batch, and keeps each step time (inf: failed)."""
 
     def __init__(self, inner):
-        self.inner, self.devices, self.batches = inner, inner.devices, []
+        self.inner, self.devices, self.batches, self.times = inner, inner.devices, [], []
 
     def evaluate(self, placements):
         self.batches.append(len(placements))
-        return self.inner.evaluate(placements)
+        out = self.inner.evaluate(placements)
+        self.times += [o.step_time if o.ok else float("inf") for o in out]
+        return out
 
 
 def test_policy_and_anneal_count_evaluations_the_same_way():
@@ -172,13 +174,53 @@ def test_policy_and_anneal_count_evaluations_the_same_way():
     curve = policy_curve(res, nb)
     e0 = nb + working
     assert curve[0]["evaluations"] == ann.history[0]["evaluations"] == e0
-    assert [r["evaluations"] for r in curve[1:]] == [e0 + new[0], e0 + new[0] + new[1]]
+    # then a row after each batch that improved the policy's best, and one at the end
+    assert {r["evaluations"] for r in curve[1:]} <= {e0 + new[0], e0 + new[0] + new[1]}
+    assert curve[-1]["evaluations"] == res.evaluations
     # at e0 evaluations both have exactly the shared start: the best grouped baseline
     start = min(v for v in ann.grouped_baselines.values() if v is not None)
     assert best_within(curve, e0) == best_within(ann.history, e0) == pytest.approx(start) == ann.start_s
     last = e0 + sum(new)
     assert best_within(curve, last) <= start and best_within(curve, last + 1) is None
     assert best_within(ann.history, 100) == pytest.approx(ann.step_time) and ann.step_time <= start
+
+
+def test_the_policy_curve_counts_local_moves_between_updates_at_their_own_batch():
+    """The local moves between two policy updates (here one long time-shared chain after the first update) are
+    thousands of evaluations on a real cell; the curve must hold their improvements at the batch that found
+    them, not at the next update. At every batch boundary n, `best_within` gives exactly the best the search
+    itself evaluated within n (its own placements after the shared start, the start included)."""
+    pytest.importorskip("tensorflow")
+    from placer.graphs.opgraph import OpGraph
+    from placer.problem import build_problem
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.search import search
+
+    n = 24      # four independent chains: spreading them pays, and the policy's first samples do not
+    ops = [(f"op{i}", "MatMul", 2**12, 0, 1e10 * (1 + (i * 7) % 5)) for i in range(n)]
+    g = OpGraph.build(ops, [(f"op{i}", f"op{i + 4}") for i in range(n - 4)])
+    problem = build_problem(g, "4xK80", max_groups=12, baselines=False)   # no baseline start: the search improves
+    try:
+        ev = Counting(problem.simulator)
+        res = search(problem, ev, budget_seconds=120, max_updates=2, remeasure=False,
+                     config=ReinforceConfig(hidden_size=16, attn_size=8, local_moves=40, local_batch=4))
+    finally:
+        problem.close()
+    nb = len(problem.baselines)
+    curve = policy_curve(res, nb)
+    e0 = curve[0]["evaluations"]
+    assert len(ev.times) == res.evaluations
+    bounds = np.cumsum(ev.batches)
+    own = np.minimum.accumulate(np.array(ev.times[e0:]))
+    local_batches = [b for b in bounds if b > e0 + 16]  # batches after the first update's samples
+    assert len(local_batches) >= 10                      # local moves ran in batches of 4 between updates
+    first_row = res.history[0]["evaluations"]           # the first update's row, after its local moves
+    assert any(e < first_row for e, _ in res.extra["best_curve"][1:])   # improved by a local batch before it
+    for b in bounds[bounds >= e0]:
+        want = min(curve[0]["best_s"], own[b - e0 - 1]) if b > e0 else curve[0]["best_s"]
+        assert best_within(curve, int(b)) == pytest.approx(want), b
+    assert best_within(curve, res.evaluations) == pytest.approx(min(curve[0]["best_s"], res.search_best))
+    assert [r["best_s"] for r in curve] == sorted([r["best_s"] for r in curve], reverse=True)
 
 
 def test_linked_blocks_move_a_layer_that_group_order_splits():

@@ -26,6 +26,20 @@ def inception_tiny():
     return build_model("inception_v3", "tiny")
 
 
+class _Recording:
+    """An evaluator that keeps a copy of every placement it is asked to evaluate (`seen`)."""
+
+    def __init__(self, inner):
+        self.inner, self.seen = inner, []
+
+    def evaluate(self, placements):
+        self.seen.extend(np.asarray(p).copy() for p in placements)
+        return self.inner.evaluate(placements)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 def _bound(graph, spec, weights, seed=0, baselines=False):
     from placer.problem import build_problem
     from placer.rl.portable import PortablePolicy
@@ -111,29 +125,19 @@ def test_zero_shot_samples_batches_for_its_seconds_and_evaluates_each_placement_
     from placer.rl.search import Search
     from placer.search import load_policy, policy_inputs
 
-    class Counting:
-        def __init__(self, inner):
-            self.inner, self.seen = inner, []
-
-        def evaluate(self, placements):
-            self.seen.extend(np.asarray(p).tobytes() for p in placements)
-            return self.inner.evaluate(placements)
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
     weights = load_policy("default")
     p = build_problem(nmt_tiny, "4xK80", seed=0, baselines=False)
     try:
         for seconds, cap in ((0.0, 2048), (60.0, 40), (60.0, 2048)):
-            ev = Counting(p.simulator)
+            ev = _Recording(p.simulator)
             cfg = ReinforceConfig(seed=0, portable=True, hidden_size=weights.hidden_size, attn_size=weights.attn_size,
                                   zero_shot_samples=8, zero_shot_seconds=seconds, zero_shot_max=cap)
             s = Search(p.grouping, ev, cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg, progress=False,
                        tensorboard=False, policy_inputs=lambda: policy_inputs(p), pretrained=weights)
             s.run(120.0, max_updates=0)
             z = s.zero_shot
-            assert len(ev.seen) == len(set(ev.seen)) == z["evaluated"] == s.evaluations, (seconds, cap, z)
+            keys = [x.tobytes() for x in ev.seen]
+            assert len(keys) == len(set(keys)) == z["evaluated"] == s.evaluations, (seconds, cap, z)
             assert 1 <= z["evaluated"] <= z["samples"]
             if seconds == 0:
                 assert z["samples"] == 8 and z["batches"] == 1
@@ -156,21 +160,10 @@ def test_zero_shot_refinement_starts_from_the_policys_best_sample_and_keeps_its_
     from placer.rl.search import Search
     from placer.search import load_policy, policy_inputs
 
-    class Recording:
-        def __init__(self, inner):
-            self.inner, self.seen = inner, []
-
-        def evaluate(self, placements):
-            self.seen.extend(np.asarray(p).copy() for p in placements)
-            return self.inner.evaluate(placements)
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
     weights = load_policy("default")
     p = build_problem(nmt_tiny, "4xK80", seed=0)
     try:
-        ev = Recording(p.simulator)
+        ev = _Recording(p.simulator)
         cfg = ReinforceConfig(seed=0, portable=True, hidden_size=weights.hidden_size, attn_size=weights.attn_size,
                               zero_shot_samples=8, zero_shot_seconds=0.0, zero_shot_refine_seconds=1.0)
         s = Search(p.grouping, ev, cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg,

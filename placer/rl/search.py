@@ -78,6 +78,8 @@ class LoopResult:
                                                 # step time (None: failed), evaluated for the warm start
     zero_shot: dict = field(default_factory=dict)   # a pretrained policy's first batch (Search._zero_shot)
     local: dict = field(default_factory=dict)   # local moves (ReinforceConfig.local_moves > 0): evaluations, improvements
+    best_curve: list = field(default_factory=list)  # [evaluations, search_best] after each batch that improved the
+                                                # policy's own best (samples, local moves, refinement)
 
     def summary(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time, "source": self.source,
@@ -208,6 +210,9 @@ class Search:
         self.local_evaluations = 0     # evaluations spent on local moves (ReinforceConfig.local_moves)
         self.local_improvements = 0    # local moves that improved the run's best
         self.local_seconds = 0.0       # wall seconds spent on local moves (ReinforceConfig.local_share)
+        # the search's own best against evaluations, finer than `history` (one row per update): a point
+        # [evaluations after the batch, search_best] each time a batch (samples or local moves) improved it
+        self.best_curve: list[list[float]] = []
         self._local_rng = np.random.default_rng(self.seed + 2)
         self._chain: np.ndarray | None = None   # the local moves' annealing chain: its point,
         self._chain_c = float("inf")   # its charged step time,
@@ -289,6 +294,7 @@ class Search:
             "search_best_placement": arr("search_best_placement", self.search_best_placement),
             "search_best_groups": arr("search_best_groups", self.search_best_groups),
             "history": [{k: _json_num(v) for k, v in r.items()} for r in self.history],
+            "best_curve": [[int(e), _json_num(t)] for e, t in self.best_curve],
             "evaluations": self.evaluations, "updates": self.updates, "wall_s": self.wall_s(),
             "since_improvement": self.since_improvement, "failure_step_time": _json_num(self.failure_step_time),
             "imitated": self.imitated, "start_groups": arr("start_groups", self.start_groups),
@@ -379,6 +385,7 @@ class Search:
         for k in ("best_placement", "search_best_placement", "search_best_groups", "start_groups", "elite_groups"):
             setattr(self, k, arr(state[k]))
         self.history = [{k: _num_json(v) for k, v in r.items()} for r in state["history"]]
+        self.best_curve = [[int(e), float(_num_json(t))] for e, t in state.get("best_curve", [])]
         self._oom_seen = [tuple(x) for x in state.get("oom_seen", [])]
         self.baseline_failures = dict(state.get("baseline_failures", {}))
         self.grouped_times = dict(state.get("grouped_times", {}))
@@ -677,6 +684,7 @@ class Search:
             j = int(np.argmin(times))
             self.search_best, self.search_best_placement = float(times[j]), placements[j].copy()
             self.search_best_groups = acts[j].copy()
+            self._curve_point()
             self.elite_time, self.elite_groups = float(times[j]), acts[j].copy()
             if self.config.elite_size > 1:
                 self._update_elite_set(acts, times, np.isfinite(times))
@@ -847,12 +855,21 @@ class Search:
         if t < self.search_best:
             self.search_best, self.search_best_placement = t, placement.copy()
             self.search_best_groups = np.asarray(groups).copy()
+            self._curve_point()
             improved = True
         if t < self.elite_time:
             self.elite_time, self.elite_groups = t, np.asarray(groups).copy()
             improved_run = True
         self._consider(placement, t, "search")
         return improved, improved_run
+
+    def _curve_point(self) -> None:
+        """Note the search's best after the batch just evaluated (`best_curve`); a later point of the same batch
+        (evaluations unchanged) replaces it."""
+        if self.best_curve and self.best_curve[-1][0] == self.evaluations:
+            self.best_curve[-1][1] = float(self.search_best)
+        else:
+            self.best_curve.append([int(self.evaluations), float(self.search_best)])
 
     def _progress(self) -> float:
         """The share of the search's budget used (wall seconds or `max_evaluations`, whichever is further)."""
@@ -960,7 +977,7 @@ class Search:
                             baseline_failures=dict(self.baseline_failures),
                             grouped_baselines=dict(self.grouped_times), zero_shot=dict(self.zero_shot),
                             local={"evaluations": self.local_evaluations, "improvements": self.local_improvements}
-                            if self.config.local_moves > 0 else {})
+                            if self.config.local_moves > 0 else {}, best_curve=[list(p) for p in self.best_curve])
 
     def _nothing_fits(self) -> SearchError:
         tried = f"{len(self.baselines)} baseline(s) and {self.evaluations - len(self.baselines)} sampled placement(s)"
