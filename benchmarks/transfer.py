@@ -10,7 +10,8 @@ For each held-out graph (`placer.pretrain.HELD_OUT` families: inception_v3, gpt,
   from it for `PLACE_REFINE_SECONDS`, as `placer place` does): `zero_shot_s` (the search's own best, the refined
   one; never a baseline's), `zero_shot_sampled_s` (the best of the policy's samples alone), `zero_shot_spread` (its busiest device's share of the op work, devices with >= 5%) and
   `zero_shot_wall_s` (building the problem without baselines + sampling + simulating; what `placer place
-  --no-baselines` costs, graph import excluded: cached; TensorFlow is imported before the first graph, as the
+  --no-baselines` costs, graph import excluded: cached; the simulator's numba kernels are loaded (compiled once
+  per install, ~9 s, then cached on disk) and TensorFlow is imported before the first graph, as the
   `placer` command imports it at start, so that no graph's wall includes it);
 - `finetune60_s`: a 60 s search starting from the pretrained policy;
 - `scratch60_s` / `scratch300_s`: 60 s and 300 s searches from scratch (the default search: imitate the best
@@ -147,7 +148,7 @@ def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], see
 
 
 def section(recs: list[dict], info: dict, command: str, date: str, mach: str, finetune: float,
-            scratch: list[float]) -> str:
+            scratch: list[float], warm_s: float | None = None) -> str:
     from placer.search import PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS
 
     f = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
@@ -170,7 +171,9 @@ def section(recs: list[dict], info: dict, command: str, date: str, mach: str, fi
              "(preset clusters, analytical costs), every search figure the policy's own best (`search_best_s`); "
              "walls measured on this 2-core machine. Zero-shot: the best of the policy's samples "
              f"({PLACE_SAMPLE_SECONDS:g} s of batches of 64), then local moves from it for {PLACE_REFINE_SECONDS:g} s "
-             "(`placer place`'s answer; never from a baseline); the wall includes building the problem.", "", *rows,
+             "(`placer place`'s answer; never from a baseline); the wall includes building the problem"
+             + ("" if warm_s is None else f", not the one-time load of the simulator's numba kernels before the first "
+                f"graph ({warm_s:.1f} s here; ~9 s when a fresh install compiles them, cached on disk after)") + ".", "", *rows,
              ""]
     lines += ["At equal evaluations (`placer.bench.best_within`: every placement a method evaluated counts, the "
               "op-level baselines included; the best of the method's own placements, and for the searches from "
@@ -210,6 +213,26 @@ def section(recs: list[dict], info: dict, command: str, date: str, mach: str, fi
     return "\n".join(lines)
 
 
+def warm_simulator() -> float:
+    """Load the simulator's numba kernels on a two-op graph before the first graph, so that no graph's zero-shot
+    wall includes compiling them: numba compiles them once per install and caches them on disk
+    (`placer/sim/__pycache__`), ~9 s on this machine; every later process only loads them. Returns the seconds
+    it took (the compile on a fresh install or checkout, well under a second after)."""
+    import numpy as np
+
+    from placer.graphs.opgraph import OpGraph
+    from placer.problem import build_problem
+
+    t0 = time.perf_counter()
+    g = OpGraph.build([("a", "MatMul", 2**10, 0, 1e6), ("b", "MatMul", 2**10, 0, 1e6)], [("a", "b")])
+    p = build_problem(g, "2xK80", baselines=False)
+    try:
+        p.simulator.evaluate([np.zeros(2, np.int64), np.array([0, 1], np.int64)])
+    finally:
+        p.close()
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", default="default")
@@ -226,6 +249,8 @@ def main(argv=None) -> int:
 
     hide_gpus()       # imports TensorFlow first, so no graph's zero-shot wall includes it (nor does `placer place`'s
     #                   place_wall_s: its imports load TensorFlow before the timed part)
+    warm_s = warm_simulator()
+    print(f"simulator kernels loaded in {warm_s:.1f} s (compiled, when this is the install's first run)", flush=True)
     if a.zero_shot_only:
         for spec in specs:
             zero_shot(spec, a.policy, a.seed)
@@ -243,7 +268,8 @@ def main(argv=None) -> int:
             write_json(RESULTS / "transfer.json", recs)
     print(json.dumps([{k: v for k, v in r.items() if k not in ("baselines", "zero_shot")} for r in recs], indent=1))
     if not a.no_write:
-        write_section("transfer", section(recs, info, command.strip(), date, mach, a.finetune, scratch))
+        write_section("transfer", section(recs, info, command.strip(), date, mach, a.finetune, scratch,
+                                                  warm_s))
         print(f"wrote {RESULTS / 'transfer.json'} and the RESULTS.md section")
     return 0
 
