@@ -17,8 +17,13 @@ def run_dir(tmp_path_factory):
     import placer
     from placer.graphs.models import build_model
 
+    from placer.rl.reinforce import ReinforceConfig
+
     out = tmp_path_factory.mktemp("run") / "nmt"
-    placer.place(build_model("nmt", "tiny"), cluster="4xK80", budget_seconds=60, max_updates=12, out_dir=out)
+    # the simulated defaults without the chain's time share (which would triple this search's wall here, where
+    # TF's tracing dominates the wall; test_rl_search tests the share)
+    placer.place(build_model("nmt", "tiny"), cluster="4xK80", budget_seconds=60, max_updates=12, out_dir=out,
+                 config=ReinforceConfig.for_reward("sim", seed=0, local_share=0.0))
     return out
 
 
