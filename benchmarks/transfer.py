@@ -6,7 +6,7 @@
 For each held-out graph (`placer.pretrain.HELD_OUT` families: inception_v3, gpt, clip), on one problem built once
 (cluster, costs, grouping, baselines), in one run:
 - zero-shot: `build_problem(..., baselines=False)` then the policy's zero-shot batches (`search(..., policy=P,
-  max_updates=0)`, batches of 64 for `PLACE_SAMPLE_SECONDS`, the best by the simulator, refined by local moves
+  max_updates=0)`, a batch of 64 (more for `PLACE_SAMPLE_SECONDS`), the best by the simulator, refined by local moves
   from it for `PLACE_REFINE_SECONDS`, as `placer place` does): `zero_shot_s` (the search's own best, the refined
   one; never a baseline's), `zero_shot_sampled_s` (the best of the policy's samples alone), `zero_shot_spread` (its busiest device's share of the op work, devices with >= 5%) and
   `zero_shot_wall_s` (building the problem without baselines + sampling + simulating; what `placer place
@@ -57,8 +57,10 @@ def spread(problem, op_devices) -> dict:
             "devices": int(len(busy))}
 
 
-def zero_shot(spec: str, policy: str, seed: int) -> tuple[dict, object]:
-    """The zero-shot columns of one graph, as `placer place --no-baselines` computes them; returns (record, graph)."""
+def zero_shot(spec: str, policy: str, seed: int, sample_s: float | None = None, refine_s: float | None = None,
+              quiet: bool = False) -> tuple[dict, object]:
+    """The zero-shot columns of one graph, as `placer place --no-baselines` computes them (its seconds of sampling
+    and of local moves: `sample_s`, `refine_s`, default `placer place`'s); returns (record, graph)."""
     import numpy as np
 
     from placer.graphs.models import build_model
@@ -70,13 +72,14 @@ def zero_shot(spec: str, policy: str, seed: int) -> tuple[dict, object]:
     model, size, cluster, precision = parse_graph(spec)
     if model not in HELD_OUT:
         print(f"warning: {model} is not a held-out family ({', '.join(HELD_OUT)})", file=sys.stderr)
+    sample_s = PLACE_SAMPLE_SECONDS if sample_s is None else sample_s
+    refine_s = PLACE_REFINE_SECONDS if refine_s is None else refine_s
     g = build_model(model, size, precision=precision)
     rec = {"graph": spec, "model": model, "size": size, "cluster": cluster, "precision": precision, "ops": g.num_ops}
     t0 = time.perf_counter()
     bare = build_problem(g, cluster, seed=seed, baselines=False)
     r = search(bare, budget_seconds=1.0, max_updates=0, seed=seed, policy=load_policy(policy),
-               config=ReinforceConfig(seed=seed, zero_shot_seconds=PLACE_SAMPLE_SECONDS,
-                                      zero_shot_refine_seconds=PLACE_REFINE_SECONDS))
+               config=ReinforceConfig(seed=seed, zero_shot_seconds=sample_s, zero_shot_refine_seconds=refine_s))
     rec["zero_shot_wall_s"] = time.perf_counter() - t0
     rec["zero_shot_s"] = float(r.search_best) if np.isfinite(r.search_best) else None
     rec["zero_shot"] = r.extra.get("zero_shot", {})
@@ -85,12 +88,31 @@ def zero_shot(spec: str, policy: str, seed: int) -> tuple[dict, object]:
         rec["zero_shot_spread"] = spread(bare, r.placement.to_indices(g, bare.device_names))
     bare.close()
     sp = rec.get("zero_shot_spread")
+    if quiet:
+        return rec, g
     print(f"{spec}: zero-shot {rec['zero_shot_s']} s (samples alone {rec['zero_shot_sampled_s']} s) in "
           f"{rec['zero_shot_wall_s']:.1f} s (sampling and simulating {rec['zero_shot'].get('wall_s', float('nan')):.1f}"
           f" s, local moves {rec['zero_shot'].get('refine_s', 0.0):.1f} s)"
           + (f"; {100 * sp['busiest_share']:.0f}% of the work on one device, {sp['devices_used']} of "
              f"{sp['devices']} devices with >= 5%" if sp else ""), flush=True)
     return rec, g
+
+
+def compare_splits(specs: list[str], policy: str, splits: list[tuple[float, float]], seeds: int) -> None:
+    """Zero-shot answers with other splits of its seconds between sampling and local moves, seeds 0..seeds-1 each:
+    prints each split's mean, per-seed step times, and mean evaluations and wall (nothing written)."""
+    import numpy as np
+
+    for spec in specs:
+        for sample_s, refine_s in splits:
+            recs = [zero_shot(spec, policy, seed, sample_s, refine_s, quiet=True)[0] for seed in range(seeds)]
+            t = np.array([np.nan if r["zero_shot_s"] is None else r["zero_shot_s"] for r in recs])
+            print(f"{spec} sampling {sample_s:g} s + local moves {refine_s:g} s: mean {np.nanmean(t):.4f} s over "
+                  f"{seeds} seeds ({' '.join(f'{x:.4f}' for x in t)}); samples alone "
+                  f"{np.mean([r['zero_shot_sampled_s'] for r in recs]):.4f}; "
+                  f"{np.mean([r['zero_shot'].get('samples', 0) for r in recs]):.0f} samples, "
+                  f"{np.mean([r['zero_shot'].get('refine_evaluations', 0) for r in recs]):.0f} local moves, wall "
+                  f"{np.mean([r['zero_shot_wall_s'] for r in recs]):.1f} s", flush=True)
 
 
 def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], seed: int) -> dict:
@@ -170,7 +192,8 @@ def section(recs: list[dict], info: dict, command: str, date: str, mach: str, fi
              f"families {', '.join(info.get('held_out_families', []))} were never in it. Step times simulated "
              "(preset clusters, analytical costs), every search figure the policy's own best (`search_best_s`); "
              "walls measured on this 2-core machine. Zero-shot: the best of the policy's samples "
-             f"({PLACE_SAMPLE_SECONDS:g} s of batches of 64), then local moves from it for {PLACE_REFINE_SECONDS:g} s "
+             + ("(one batch of 64)" if PLACE_SAMPLE_SECONDS <= 0 else f"({PLACE_SAMPLE_SECONDS:g} s of batches of 64)")
+             + f", then local moves from it for {PLACE_REFINE_SECONDS:g} s "
              "(`placer place`'s answer; never from a baseline); the wall includes building the problem"
              + ("" if warm_s is None else f", not the one-time load of the simulator's numba kernels before the first "
                 f"graph ({warm_s:.1f} s here; ~9 s when a fresh install compiles them, cached on disk after)") + ".", "", *rows,
@@ -246,6 +269,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--zero-shot-only", action="store_true",
                     help="only the zero-shot answers (step time and wall), printed; writes nothing")
+    ap.add_argument("--splits", default="", metavar="S:R,...",
+                    help="with --zero-shot-only: compare splits of the zero-shot's time, S seconds of sampling "
+                         "and R of local moves each, over --seeds seeds")
+    ap.add_argument("--seeds", type=int, default=1, help="with --splits: seeds 0..N-1")
     a = ap.parse_args(argv)
     specs = [s for s in a.graphs.split(",") if s]
     from placer._tf import hide_gpus
@@ -254,6 +281,10 @@ def main(argv=None) -> int:
     #                   place_wall_s: its imports load TensorFlow before the timed part)
     warm_s = warm_simulator()
     print(f"simulator kernels loaded in {warm_s:.1f} s (compiled, when this is the install's first run)", flush=True)
+    if a.zero_shot_only and a.splits:
+        compare_splits(specs, a.policy, [tuple(float(x) for x in sp.split(":")) for sp in a.splits.split(",")],
+                       a.seeds)
+        return 0
     if a.zero_shot_only:
         for spec in specs:
             zero_shot(spec, a.policy, a.seed)

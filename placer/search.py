@@ -32,14 +32,16 @@ from placer.problem import PlacementProblem
 log = logging.getLogger(__name__)
 
 REMEASURE_TOP = 3
-# `placer place` / `place(policy=...)`: the zero-shot answer keeps sampling batches from the policy for this long
-# (ReinforceConfig.zero_shot_seconds), then refines the best sample by local moves for PLACE_REFINE_SECONDS
-# (zero_shot_refine_seconds). Simulated, the held-out graphs, seed 0, 2026-12-05 (RESULTS.md "Placing unseen
-# graphs"): 5 s of sampling alone gave inception_v3@4xK80 0.5157 s, gpt@DGX1:fp16 0.3799, clip@DGX1:fp16 0.3065;
-# 2 s of sampling + 5 s of local moves 0.3855, 0.3240, 0.2720 (one batch + 6 s: 0.3856, 0.3251, 0.2751). More
-# samples improve the policy's best slowly; the chain, at ~100-200 evaluations a second, much faster.
-PLACE_SAMPLE_SECONDS = 2.0
-PLACE_REFINE_SECONDS = 5.0
+# `placer place` / `place(policy=...)`: the zero-shot answer samples one batch from the policy (more batches for
+# PLACE_SAMPLE_SECONDS, ReinforceConfig.zero_shot_seconds), then refines the best sample by local moves for
+# PLACE_REFINE_SECONDS (zero_shot_refine_seconds). Simulated, the held-out graphs, mean of seeds 0-7, 2026-12-05
+# 19:10 UTC (`python benchmarks/transfer.py --zero-shot-only --splits 2:5,0:7 --seeds 8`): 2 s of sampling + 5 s
+# of local moves gave inception_v3@4xK80 0.3871 s, gpt@DGX1:fp16 0.3106, clip@DGX1:fp16 0.2403; one batch + 7 s
+# 0.3866, 0.3094, 0.2337. More samples barely improve the policy's best (one batch of 64: 0.5253 / 0.3913 / 0.3005;
+# 2 s, 300-600 samples: 0.5102 / 0.3747 / 0.2991); the chain, at 300-500 evaluations a second, does. The chain
+# gets 6.5 s, so that the answer's wall stays where 2 s + 5 s put it (the one batch takes ~0.5 s).
+PLACE_SAMPLE_SECONDS = 0.0
+PLACE_REFINE_SECONDS = 6.5
 DROP_AFTER = 2       # measurements that find a device dead before a measured search drops it and re-places
 
 

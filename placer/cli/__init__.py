@@ -197,11 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=64,
                    help="placements sampled from the policy per batch, at least one batch (default 64)")
     p.add_argument("--sample-seconds", type=float, metavar="S",
-                   help="keep sampling batches for S seconds (default 2; 0: one batch); only distinct "
+                   help="keep sampling batches for S seconds (default 0: one batch); only distinct "
                         "placements are simulated")
     p.add_argument("--refine-seconds", type=float, metavar="S",
                    help="then local moves from the best sample for S seconds (the annealer's moves, never from a "
-                        "baseline; default 5; 0: none)")
+                        "baseline; default 6.5; 0: none)")
     p.add_argument("--budget", type=float, default=0.0,
                    help="seconds of fine-tuning after the zero-shot answer (default 0: none)")
     p.add_argument("--groups", type=int, help="number of groups (default min(256, 20 x #devices))")
