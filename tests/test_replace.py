@@ -30,7 +30,7 @@ def run_dir(tmp_path_factory):
 def test_replace_uses_no_lost_device_and_fits(run_dir, tmp_path):
     import placer
 
-    res = placer.replace(run_dir, ["/GPU:3"], budget_seconds=30, max_updates=6, out_dir=tmp_path / "r")
+    res = placer.replace(run_dir, ["/GPU:3"], budget_seconds=30, max_updates=3, out_dir=tmp_path / "r")
     used = set(res.placement.mapping.values())
     assert "/GPU:3" not in used and used <= {"/GPU:0", "/GPU:1", "/GPU:2", "/CPU:0"}
     assert res.extra["restored"] and res.extra["notice"] is None
