@@ -38,8 +38,10 @@ REMEASURE_TOP = 3
 # 19:10 UTC (`python benchmarks/transfer.py --zero-shot-only --splits 2:5,0:7 --seeds 8`): 2 s of sampling + 5 s
 # of local moves gave inception_v3@4xK80 0.3871 s, gpt@DGX1:fp16 0.3106, clip@DGX1:fp16 0.2403; one batch + 7 s
 # 0.3866, 0.3094, 0.2337. More samples barely improve the policy's best (one batch of 64: 0.5253 / 0.3913 / 0.3005;
-# 2 s, 300-600 samples: 0.5102 / 0.3747 / 0.2991); the chain, at 300-500 evaluations a second, does. The chain
-# gets 6.5 s, so that the answer's wall stays where 2 s + 5 s put it (the one batch takes ~0.5 s).
+# 2 s, 300-600 samples: 0.5102 / 0.3747 / 0.2991); the chain, at 300-900 evaluations a second, does. The chain
+# gets 6.5 s, so that the answer's wall stays where 2 s + 5 s put it (the one batch takes ~0.5 s): the same command
+# with `--splits 2:5,0:6.5` (20:07 UTC) gave 0.3854 / 0.3062 / 0.2388 s for 2 s + 5 s and 0.3821 / 0.3067 / 0.2335
+# for one batch + 6.5 s, in 7.3-7.6 s of wall each.
 PLACE_SAMPLE_SECONDS = 0.0
 PLACE_REFINE_SECONDS = 6.5
 DROP_AFTER = 2       # measurements that find a device dead before a measured search drops it and re-places
