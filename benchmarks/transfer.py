@@ -275,15 +275,26 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="with --splits: seeds 0..N-1")
     a = ap.parse_args(argv)
     specs = [s for s in a.graphs.split(",") if s]
+    if a.splits and not a.zero_shot_only:
+        ap.error("--splits compares zero-shot answers: give it with --zero-shot-only")
+    splits = []
+    if a.splits:
+        try:
+            splits = [(float(sp.split(":")[0]), float(sp.split(":")[1])) for sp in a.splits.split(",")
+                      if sp.count(":") == 1]
+        except ValueError:
+            splits = []
+        if len(splits) != len(a.splits.split(",")) or any(x < 0 for sp in splits for x in sp) or a.seeds < 1:
+            ap.error(f"--splits wants S:R,... (seconds of sampling and of local moves, each >= 0) and --seeds >= 1; "
+                     f"got {a.splits!r}, {a.seeds}")
     from placer._tf import hide_gpus
 
     hide_gpus()       # imports TensorFlow first, so no graph's zero-shot wall includes it (nor does `placer place`'s
     #                   place_wall_s: its imports load TensorFlow before the timed part)
     warm_s = warm_simulator()
     print(f"simulator kernels loaded in {warm_s:.1f} s (compiled, when this is the install's first run)", flush=True)
-    if a.zero_shot_only and a.splits:
-        compare_splits(specs, a.policy, [tuple(float(x) for x in sp.split(":")) for sp in a.splits.split(",")],
-                       a.seeds)
+    if a.splits:
+        compare_splits(specs, a.policy, splits, a.seeds)
         return 0
     if a.zero_shot_only:
         for spec in specs:
