@@ -261,11 +261,13 @@ def test_cli_place_writes_placement_and_summary(tmp_path):
 
     out = tmp_path / "d"
     assert main(["place", "--policy", "default", "--model", "nmt", "--size", "tiny", "--cluster", "4xK80",
-                 "--samples", "8", "--sample-seconds", "0", "--refine-seconds", "0.5", "--out", str(out),
+                 "--samples", "8", "--refine-seconds", "0.5", "--out", str(out),
                  "--no-progress"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert (out / "placement.json").exists()
-    assert s["policy"] == "default" and s["zero_shot"]["samples"] == 8 and s["updates"] == 0
+    # by default one batch of --samples, then the local moves (placer.search.PLACE_SAMPLE_SECONDS = 0)
+    assert s["policy"] == "default" and s["zero_shot"]["samples"] == 8 and s["zero_shot"]["batches"] == 1
+    assert s["updates"] == 0
     assert s["zero_shot"]["refine_evaluations"] >= 1 and s["search_best_s"] <= s["zero_shot"]["sampled_best_s"]
     assert s["search_best_s"] is not None and s["step_time_s"] <= s["search_best_s"] + 1e-12
 
