@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--anneal-block", default="linked", choices=("linked", "run"),
                     help="the annealer's block moves to compare against (AnnealConfig.block; default the current)")
     ap.add_argument("--since", metavar="DATE", help="with --policy-config: only policy runs recorded on or after DATE "
-                    "(the records' `date`, e.g. "2026-12-05 05:00"), so that runs of older code are left out")
+                    "(the records' `date`, e.g. '2026-12-05 05:00'), so that runs of older code are left out")
     a = ap.parse_args(argv)
     rows = table(json.loads(a.policy_config) if a.policy_config else None, a.anneal_block, a.since)
     print("| model | K80s | anneal at 1,000: mean of seeds 0-4 (s) | anneal at 20,000: seeds 0-2 (s) | "

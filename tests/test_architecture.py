@@ -134,3 +134,17 @@ def test_devnames_spellings():
             assert repr(bad) in str(e)
         else:
             raise AssertionError(f"{bad!r} parsed")
+
+
+def test_every_benchmark_script_parses():
+    """The scripts that produce RESULTS.md's figures are not imported by any test run: a syntax error in one (as
+    headroom.py had for a day, 2026-12-05) would otherwise ship unnoticed."""
+    scripts = sorted((PKG.parent / "benchmarks").glob("*.py"))
+    assert scripts
+    bad = []
+    for p in scripts:
+        try:
+            compile(p.read_text(), str(p), "exec")
+        except SyntaxError as e:
+            bad.append(f"{p.name}:{e.lineno}: {e.msg}")
+    assert not bad, bad
