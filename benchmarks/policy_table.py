@@ -14,14 +14,21 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv:
-        path = Path(argv[0])
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("policy", nargs="?", help="a `placer pretrain` directory (default: the shipped policy)")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.policy:
+        path = Path(a.policy)
     else:
         import placer                    # (not placer.rl.portable: it imports TensorFlow)
 
         path = Path(placer.__file__).resolve().parent / "data" / "policy"
-    info = json.loads((path / "policy.json").read_text())
+    try:
+        info = json.loads((path / "policy.json").read_text())
+    except (OSError, ValueError) as e:
+        ap.error(f"cannot read {path / 'policy.json'}: {e}")
     print(f"{path}: corpus {info['corpus']} ({len(info['problems'])} problems, {len(info['skipped'])} skipped), "
           f"trained {info['date']} on {info['machine']}: {info['train_wall_s']:.0f} s ({info['imitation_rounds']} "
           f"imitation rounds, then {info['rounds']} REINFORCE rounds, {info['updates']:,} policy updates), corpus "

@@ -54,8 +54,17 @@ def table(cells: list[dict]) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[0]) if argv else Path(__file__).resolve().parent / "results" / "results.json"
-    md, notes = table(json.loads(path.read_text()))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="?", default=str(Path(__file__).resolve().parent / "results" / "results.json"),
+                    help="a `placer bench` results.json (default benchmarks/results/results.json)")
+    path = Path(ap.parse_args(argv).results)
+    try:
+        cells = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        ap.error(f"cannot read {path}: {e}")
+    md, notes = table(cells)
     print(md)
     print()
     for n in notes:
