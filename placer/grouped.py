@@ -191,7 +191,10 @@ def accept_move(delta: np.ndarray, temp: float, rule: str, rng: np.random.Genera
 
 def initial_temperature(delta: np.ndarray, accept0: float) -> float:
     """T0 from a first batch of moves' relative changes `delta`: a median worsening move is accepted with
-    probability `accept0` (1e-2 stands in for the median when no move of the batch worsened)."""
+    probability `accept0` (1e-2 stands in for the median when no move of the batch worsened), 0 < accept0 < 1."""
+    if not 0.0 < accept0 < 1.0:
+        raise ValueError(f"accept0 (the probability of accepting a median worsening move at the start) must be "
+                         f"between 0 and 1, exclusive: got {accept0}")
     worse = delta[(delta > 0) & np.isfinite(delta)]
     med = float(np.median(worse)) if worse.size else 1e-2
     return max(med / -math.log(accept0), 1e-12)

@@ -247,3 +247,14 @@ def test_linked_blocks_move_a_layer_that_group_order_splits():
     assert (0, 3, 6) in moved
     runs = neighbours(cur, allowed, np.random.default_rng(0), 40, {group_key(cur)}, block_prob=1.0, block_max=3)
     assert (0, 3, 6) not in [tuple(np.flatnonzero(n != cur)) for n in runs]
+
+
+@pytest.mark.parametrize("accept0", [0.0, 1.0, 1.5])
+def test_an_accept0_outside_zero_one_is_a_clear_error(accept0):
+    """The starting temperature accepts a median worsening move with probability accept0: 1 made it divide by
+    zero (log 1 = 0); now any value outside (0, 1) is a ValueError naming the value."""
+    from placer.grouped import initial_temperature
+
+    assert initial_temperature(np.array([0.1, -0.2]), 0.3) > 0
+    with pytest.raises(ValueError, match=f"got {accept0}"):
+        initial_temperature(np.array([0.1, -0.2]), accept0)
