@@ -189,12 +189,25 @@ def accept_move(delta: np.ndarray, temp: float, rule: str, rng: np.random.Genera
     return None
 
 
+def accept0_error(accept0: float, name: str = "accept0") -> str | None:
+    """Why `accept0` (`name`: the setting it came from) cannot set a starting temperature, or None when it can:
+    it is a probability strictly between 0 and 1. Configs are checked with it before any work
+    (`placer.baselines.anneal`, `placer.rl.search.Search`), and `initial_temperature` raises it.
+
+    >>> accept0_error(0.3) is None, accept0_error(1.0, "AnnealConfig.accept0")[:24]
+    (True, 'AnnealConfig.accept0 (th')
+    """
+    if 0.0 < accept0 < 1.0:
+        return None
+    return (f"{name} (the probability of accepting a median worsening move at the start) must be between 0 and 1, "
+            f"exclusive: got {accept0}")
+
+
 def initial_temperature(delta: np.ndarray, accept0: float) -> float:
     """T0 from a first batch of moves' relative changes `delta`: a median worsening move is accepted with
     probability `accept0` (1e-2 stands in for the median when no move of the batch worsened), 0 < accept0 < 1."""
-    if not 0.0 < accept0 < 1.0:
-        raise ValueError(f"accept0 (the probability of accepting a median worsening move at the start) must be "
-                         f"between 0 and 1, exclusive: got {accept0}")
+    if (msg := accept0_error(accept0)) is not None:
+        raise ValueError(msg)
     worse = delta[(delta > 0) & np.isfinite(delta)]
     med = float(np.median(worse)) if worse.size else 1e-2
     return max(med / -math.log(accept0), 1e-12)

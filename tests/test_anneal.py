@@ -252,9 +252,25 @@ def test_linked_blocks_move_a_layer_that_group_order_splits():
 @pytest.mark.parametrize("accept0", [0.0, 1.0, 1.5])
 def test_an_accept0_outside_zero_one_is_a_clear_error(accept0):
     """The starting temperature accepts a median worsening move with probability accept0: 1 made it divide by
-    zero (log 1 = 0); now any value outside (0, 1) is a ValueError naming the value."""
+    zero (log 1 = 0); now any value outside (0, 1) is a ValueError naming the value, and the annealer and the
+    search refuse such a config, naming the setting, before they evaluate anything."""
+    from placer.errors import PlacementError, SearchError
     from placer.grouped import initial_temperature
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
 
     assert initial_temperature(np.array([0.1, -0.2]), 0.3) > 0
     with pytest.raises(ValueError, match=f"got {accept0}"):
         initial_temperature(np.array([0.1, -0.2]), accept0)
+    G = 6
+    gr = _grouping(G)
+    allowed = np.ones((G, 4), bool)
+    ev = ToyEvaluator(gr.expand(np.ones(G, int), CPU))
+    prob = _problem(gr, allowed, ev, {"single_gpu": gr.expand(np.zeros(G, int), CPU)})
+    with pytest.raises(PlacementError, match=f"AnnealConfig.accept0 .* got {accept0}"):
+        anneal(prob, max_evaluations=50, config=AnnealConfig(accept0=accept0))
+    for name in ("local_accept0", "zero_shot_refine_accept0"):
+        with pytest.raises(SearchError, match=f"ReinforceConfig.{name} .* got {accept0}"):
+            Search(gr, ev, cpu_index=CPU, allowed=allowed, config=ReinforceConfig(**{name: accept0}),
+                   progress=False, tensorboard=False)
+    assert ev.batches == []

@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 
 from placer.errors import PlacementError
-from placer.grouped import (accept_move, charged_step_times, failure_reference, group_key, grouped_baselines,
-                            initial_temperature, neighbours)
+from placer.grouped import (accept0_error, accept_move, charged_step_times, failure_reference, group_key,
+                            grouped_baselines, initial_temperature, neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,8 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
         raise PlacementError(f"unknown anneal rule {cfg.rule!r}: use greedy or metropolis")
     if cfg.block not in ("run", "linked"):
         raise PlacementError(f"unknown anneal block {cfg.block!r}: use run or linked")
+    if (msg := accept0_error(cfg.accept0, "AnnealConfig.accept0")) is not None:
+        raise PlacementError(msg)
     evaluator = evaluator if evaluator is not None else problem.simulator
     grouping, cluster = problem.grouping, problem.cluster
     allowed = np.asarray(problem.allowed, bool)

@@ -42,8 +42,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placer.errors import SearchError, fmt_bytes
-from placer.grouped import (accept_move, charged_step_times, failure_reference, first_copies, group_key,
-                            grouped_baselines, initial_temperature, neighbours)
+from placer.grouped import (accept0_error, accept_move, charged_step_times, failure_reference, first_copies,
+                            group_key, grouped_baselines, initial_temperature, neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +177,9 @@ class Search:
         from placer.rl.reinforce import ReinforceConfig
 
         self.config = config or ReinforceConfig(seed=self.seed)
+        for name in ("local_accept0", "zero_shot_refine_accept0"):     # before any work, not at the first move
+            if (msg := accept0_error(getattr(self.config, name), f"ReinforceConfig.{name}")) is not None:
+                raise SearchError(msg)
         self.fingerprint = grouping_fingerprint(grouping)
         self._agent = None
         # XLA-compile the policy's sampling loop: pays back over a search's updates, not for one zero-shot batch
