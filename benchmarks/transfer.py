@@ -58,9 +58,10 @@ def spread(problem, op_devices) -> dict:
 
 
 def zero_shot(spec: str, policy: str, seed: int, sample_s: float | None = None, refine_s: float | None = None,
-              quiet: bool = False) -> tuple[dict, object]:
+              quiet: bool = False, graph=None) -> tuple[dict, object]:
     """The zero-shot columns of one graph, as `placer place --no-baselines` computes them (its seconds of sampling
-    and of local moves: `sample_s`, `refine_s`, default `placer place`'s); returns (record, graph)."""
+    and of local moves: `sample_s`, `refine_s`, default `placer place`'s); `graph`: the spec's graph when the
+    caller has built it already. Returns (record, graph)."""
     import numpy as np
 
     from placer.graphs.models import build_model
@@ -74,7 +75,7 @@ def zero_shot(spec: str, policy: str, seed: int, sample_s: float | None = None, 
         print(f"warning: {model} is not a held-out family ({', '.join(HELD_OUT)})", file=sys.stderr)
     sample_s = PLACE_SAMPLE_SECONDS if sample_s is None else sample_s
     refine_s = PLACE_REFINE_SECONDS if refine_s is None else refine_s
-    g = build_model(model, size, precision=precision)
+    g = graph if graph is not None else build_model(model, size, precision=precision)
     rec = {"graph": spec, "model": model, "size": size, "cluster": cluster, "precision": precision, "ops": g.num_ops}
     t0 = time.perf_counter()
     bare = build_problem(g, cluster, seed=seed, baselines=False)
@@ -104,8 +105,12 @@ def compare_splits(specs: list[str], policy: str, splits: list[tuple[float, floa
     import numpy as np
 
     for spec in specs:
+        g = None
         for sample_s, refine_s in splits:
-            recs = [zero_shot(spec, policy, seed, sample_s, refine_s, quiet=True)[0] for seed in range(seeds)]
+            recs = []
+            for seed in range(seeds):
+                rec, g = zero_shot(spec, policy, seed, sample_s, refine_s, quiet=True, graph=g)
+                recs.append(rec)
             t = np.array([np.nan if r["zero_shot_s"] is None else r["zero_shot_s"] for r in recs])
             print(f"{spec} sampling {sample_s:g} s + local moves {refine_s:g} s: mean {np.nanmean(t):.4f} s over "
                   f"{seeds} seeds ({' '.join(f'{x:.4f}' for x in t)}); samples alone "
@@ -280,11 +285,10 @@ def main(argv=None) -> int:
     splits = []
     if a.splits:
         try:
-            splits = [(float(sp.split(":")[0]), float(sp.split(":")[1])) for sp in a.splits.split(",")
-                      if sp.count(":") == 1]
+            splits = [tuple(float(x) for x in sp.split(":")) for sp in a.splits.split(",")]
         except ValueError:
             splits = []
-        if len(splits) != len(a.splits.split(",")) or any(x < 0 for sp in splits for x in sp) or a.seeds < 1:
+        if not splits or any(len(sp) != 2 or min(sp) < 0 for sp in splits) or a.seeds < 1:
             ap.error(f"--splits wants S:R,... (seconds of sampling and of local moves, each >= 0) and --seeds >= 1; "
                      f"got {a.splits!r}, {a.seeds}")
     from placer._tf import hide_gpus
