@@ -128,6 +128,7 @@ class _Task:
     capacity: np.ndarray
     best_sample_s: float = float("inf")
     updates: int = 0
+    teacher_s: float | None = None   # the annealed target's step time (`teacher_seconds`; None: not faster)
 
 
 def _task(item: CorpusItem, weights, optimizer, config, seed: int, split_groups: str | None = None) -> _Task | None:
@@ -162,6 +163,24 @@ def _task(item: CorpusItem, weights, optimizer, config, seed: int, split_groups:
                  np.array([d.capacity_bytes for d in problem.cluster.devices], np.float64))
 
 
+def _teach(tasks: list[_Task], seconds: float, seed: int, progress: bool) -> float:
+    """Anneal each task's target for `seconds` (from the target; linked blocks); a faster result becomes the
+    target. Returns the wall time."""
+    from placer.baselines.anneal import anneal
+
+    t0 = time.perf_counter()
+    for i, t in enumerate(tasks):
+        if t.target is None:
+            continue
+        r = anneal(t.problem, start=t.target, budget_seconds=seconds, seed=seed + i)
+        if r.group_devices is not None and r.step_time < t.target_s:
+            t.target, t.target_s, t.teacher_s = np.asarray(r.group_devices).copy(), float(r.step_time), float(r.step_time)
+        if progress:
+            print(f"pretrain: teacher {t.item.name}: {r.start_s:.4g} s -> {r.step_time:.4g} s in {r.evaluations} "
+                  f"evaluations", flush=True)
+    return time.perf_counter() - t0
+
+
 def _greedy_ratio(t: _Task) -> float:
     a = t.agent.policy.sample(1, greedy=True)[0][0]
     o = t.problem.simulator.evaluate([t.problem.grouping.expand(a, t.problem.cluster.cpu_index)])[0]
@@ -170,13 +189,18 @@ def _greedy_ratio(t: _Task) -> float:
 
 def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem] | str = "default", seed: int = 0,
              hidden_size: int = 128, attn_size: int = 32, imitation_share: float = 0.3, progress: bool = False,
-             learning_rate: float = 1e-3, init=None, split_groups: str | None = None) -> dict:
+             learning_rate: float = 1e-3, init=None, split_groups: str | None = None,
+             teacher_seconds: float = 0.0) -> dict:
     """Train a portable policy on `corpus` for `budget_seconds` of training (building the corpus is extra and
     reported as `build_wall_s`); write it to `out_dir`. Returns the info written into policy.json.
     init: go on training this policy (a `placer pretrain` directory, "default", or `PortableWeights`; its sizes
     replace hidden_size and attn_size) instead of a new one. split_groups: each corpus problem's groups follow
     this baseline's device boundaries ("best": the fastest; `build_problem(split_groups=...)`), so that the
-    imitation target is that baseline exactly rather than its group-majority version."""
+    imitation target is that baseline exactly rather than its group-majority version. teacher_seconds: before
+    training, anneal each problem's target (its best grouped baseline) for this many seconds
+    (`placer.baselines.anneal`, linked blocks) and imitate the annealed placement instead when it is faster, so the
+    policy learns what a local search finds rather than what the heuristics do (expert iteration's improvement
+    operator, applied once); this time comes on top of the budget and is reported as `teacher_wall_s`."""
     import keras
     import tensorflow as tf
 
@@ -235,6 +259,7 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
         raise SearchError("pretrain: no problem of the corpus could be built"
                           + (f" ({first[0]}: {first[1]})" if first else ""))
     build_wall = time.perf_counter() - t0
+    teacher_wall = _teach(tasks, teacher_seconds, seed, progress) if teacher_seconds > 0 else 0.0
     t0 = time.perf_counter()
     rounds = imitation_rounds = 0
     # phase 1: imitate each problem's best grouped baseline, problems in turn
@@ -276,12 +301,15 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
     for t in tasks:
         per[t.item.name] = {"ops": int(t.problem.graph.num_ops), "groups": int(t.problem.grouping.num_groups),
                             "best_baseline_s": t.best_baseline_s,
+                            **({"teacher_s": t.teacher_s} if teacher_seconds > 0 else {}),
                             "best_sample_s": None if not np.isfinite(t.best_sample_s) else t.best_sample_s,
                             "greedy_over_best_baseline": _greedy_ratio(t), "updates": t.updates}
         t.problem.close()
     info = {"corpus": corpus_name, "problems": [t.item.name for t in tasks], "skipped": skipped,
             "held_out_families": list(HELD_OUT), "budget_s": float(budget_seconds), "train_wall_s": train_wall,
-            "build_wall_s": build_wall, "imitation_rounds": imitation_rounds, "rounds": rounds,
+            "build_wall_s": build_wall, **({"teacher_seconds": float(teacher_seconds),
+                                            "teacher_wall_s": teacher_wall} if teacher_seconds > 0 else {}),
+            "imitation_rounds": imitation_rounds, "rounds": rounds,
             "updates": int(sum(t.updates for t in tasks)), "config": asdict(config), "per_problem": per,
             "imitation_share": float(imitation_share), **({"init": init_info} if init_info else {}),
             **({"split_groups": split_groups} if split_groups else {}),

@@ -493,3 +493,39 @@ def test_pretrain_split_groups_imitates_the_best_baseline_exactly(capsys, tmp_pa
                  "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "'nope'" in err               # one line, naming the bad baseline
+
+
+def test_pretrain_teacher_imitates_the_annealed_placement(capsys, tmp_path):
+    """`placer pretrain --teacher-seconds S`: each problem's imitation target becomes its best grouped baseline
+    annealed for S seconds when that is faster (the target's own simulated step time is the one recorded), and a
+    negative S gets one line."""
+    import keras
+    import tensorflow as tf
+
+    from placer.cli import main
+    from placer.pretrain import CorpusItem, _task, _teach
+    from placer.rl.policy import POLICY_DEVICE
+    from placer.rl.portable import PortableWeights
+    from placer.rl.reinforce import ReinforceConfig
+
+    config = ReinforceConfig(seed=0, hidden_size=16, attn_size=8, portable=True)
+    w = PortableWeights(16, 8, config.forget_bias, seed=0)
+    with tf.device(POLICY_DEVICE):
+        opt = keras.optimizers.Adam(1e-3)
+        opt.build(list(w.trainable_variables))
+    t = _task(CorpusItem("random", "3xV100", seed=2), w, opt, config, 0)
+    try:
+        before, start = t.target_s, t.target.copy()
+        wall = _teach([t], 2.0, 0, progress=False)
+        assert wall >= 2.0 and t.teacher_s is not None
+        assert t.target_s == t.teacher_s < before and not np.array_equal(t.target, start)
+        p = t.problem
+        o = p.simulator.evaluate([p.grouping.expand(t.target, p.cluster.cpu_index)])[0]
+        assert o.ok and o.step_time == pytest.approx(t.target_s, rel=1e-9)
+        assert p.allowed[np.arange(len(t.target)), t.target].all()
+    finally:
+        t.problem.close()
+    assert main(["pretrain", "--out", str(tmp_path / "b"), "--budget", "1", "--corpus", "quick",
+                 "--teacher-seconds", "-1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--teacher-seconds" in err

@@ -226,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-groups", metavar="BASELINE",
                    help="each corpus problem's groups follow this baseline's device boundaries ('best': the "
                         "fastest), so the policy imitates that baseline exactly")
+    p.add_argument("--teacher-seconds", type=float, default=0.0, metavar="S",
+                   help="first anneal each problem's best grouped baseline for S seconds and imitate the annealed "
+                        "placement when it is faster (default 0: imitate the baseline); on top of --budget")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     _json_flag(p)

@@ -88,7 +88,8 @@ def run_search(args) -> int:
         devices = None
     problem = build_problem(graph, cluster, devices=devices, costs=getattr(args, "costs", None),
                             max_groups=args.groups, seed=int(args.seed or 0),
-                            split_groups=getattr(args, "split_groups", None) or None)
+                            split_groups=getattr(args, "split_groups", None) or None,
+                    teacher_seconds=teacher)
     evaluator = None
     try:
         if args.reward == "measure":
@@ -212,9 +213,13 @@ def run_pretrain(args) -> int:
     share = float(getattr(args, "imitation_share", 0.3))
     if not 0.0 <= share < 1.0:
         raise SearchError(f"--imitation-share must be in [0, 1), got {share}")
+    teacher = float(getattr(args, "teacher_seconds", 0.0))
+    if not (np.isfinite(teacher) and teacher >= 0.0):
+        raise SearchError(f"--teacher-seconds must be >= 0, got {teacher}")
     info = pretrain(args.out, budget_seconds=float(args.budget), corpus=args.corpus, seed=int(args.seed),
                     progress=not args.no_progress, init=getattr(args, "init", None), imitation_share=share,
-                    split_groups=getattr(args, "split_groups", None) or None)
+                    split_groups=getattr(args, "split_groups", None) or None,
+                    teacher_seconds=teacher)
     if getattr(args, "json", False):
         from placer.cli import print_json
 
