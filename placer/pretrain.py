@@ -174,7 +174,8 @@ def _teach(tasks: list[_Task], seconds: float, seed: int, progress: bool) -> flo
             continue
         r = anneal(t.problem, start=t.target, budget_seconds=seconds, seed=seed + i)
         if r.group_devices is not None and r.step_time < t.target_s:
-            t.target, t.target_s, t.teacher_s = np.asarray(r.group_devices).copy(), float(r.step_time), float(r.step_time)
+            t.target, t.target_s = np.asarray(r.group_devices).copy(), float(r.step_time)
+            t.teacher_s = t.target_s
         if progress:
             print(f"pretrain: teacher {t.item.name}: {r.start_s:.4g} s -> {r.step_time:.4g} s in {r.evaluations} "
                   f"evaluations", flush=True)
