@@ -88,8 +88,7 @@ def run_search(args) -> int:
         devices = None
     problem = build_problem(graph, cluster, devices=devices, costs=getattr(args, "costs", None),
                             max_groups=args.groups, seed=int(args.seed or 0),
-                            split_groups=getattr(args, "split_groups", None) or None,
-                    teacher_seconds=teacher)
+                            split_groups=getattr(args, "split_groups", None) or None)
     evaluator = None
     try:
         if args.reward == "measure":
