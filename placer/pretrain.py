@@ -211,6 +211,8 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
 
     if not budget_seconds > 0:
         raise SearchError(f"pretrain budget must be positive, got {budget_seconds} s")
+    if not (np.isfinite(teacher_seconds) and teacher_seconds >= 0.0):
+        raise SearchError(f"pretrain --teacher-seconds must be >= 0, got {teacher_seconds}")
     if isinstance(corpus, str):
         if corpus not in CORPORA:
             raise SearchError(f"unknown corpus {corpus!r}: use one of {', '.join(CORPORA)}")
@@ -263,7 +265,7 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
     teacher_wall = _teach(tasks, teacher_seconds, seed, progress) if teacher_seconds > 0 else 0.0
     t0 = time.perf_counter()
     rounds = imitation_rounds = 0
-    # phase 1: imitate each problem's best grouped baseline, problems in turn
+    # phase 1: imitate each problem's target (its best grouped baseline, or the teacher's placement), problems in turn
     while time.perf_counter() - t0 < imitation_share * budget_seconds:
         probs = [t.agent.imitate(t.target, max_steps=3, target_prob=0.95)["imitation_prob"]
                  for t in tasks if t.target is not None]

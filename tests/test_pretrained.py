@@ -461,15 +461,12 @@ def test_parallel_corpus_adds_large_batch_towers_on_many_devices():
     assert all(sum(not d.is_cpu for d in parse_cluster(c.cluster).devices) >= 4 for c in extra)
 
 
-def test_pretrain_split_groups_imitates_the_best_baseline_exactly(capsys, tmp_path):
-    """`placer pretrain --split-groups best`: each corpus problem's groups follow its fastest baseline's devices,
-    so the imitation target is that baseline exactly (the same simulated step time), not its group-majority
-    version; a baseline name that does not exist skips every problem with one clear error."""
+def _tiny_task(item, split_groups=None):
+    """One pretraining corpus task (`placer.pretrain._task`) with a small fresh portable policy and its Adam."""
     import keras
     import tensorflow as tf
 
-    from placer.errors import SearchError
-    from placer.pretrain import CorpusItem, _task, pretrain
+    from placer.pretrain import _task
     from placer.rl.policy import POLICY_DEVICE
     from placer.rl.portable import PortableWeights
     from placer.rl.reinforce import ReinforceConfig
@@ -479,7 +476,17 @@ def test_pretrain_split_groups_imitates_the_best_baseline_exactly(capsys, tmp_pa
     with tf.device(POLICY_DEVICE):
         opt = keras.optimizers.Adam(1e-3)
         opt.build(list(w.trainable_variables))
-    t = _task(CorpusItem("nmt", "4xK80", "tiny"), w, opt, config, 0, split_groups="best")
+    return _task(item, w, opt, config, 0, split_groups)
+
+
+def test_pretrain_split_groups_imitates_the_best_baseline_exactly(capsys, tmp_path):
+    """`placer pretrain --split-groups best`: each corpus problem's groups follow its fastest baseline's devices,
+    so the imitation target is that baseline exactly (the same simulated step time), not its group-majority
+    version; a baseline name that does not exist skips every problem with one clear error."""
+    from placer.errors import SearchError
+    from placer.pretrain import CorpusItem, pretrain
+
+    t = _tiny_task(CorpusItem("nmt", "4xK80", "tiny"), split_groups="best")
     try:
         assert t.problem.meta["split_groups"] in t.problem.baselines
         assert t.target is not None and t.target_s == pytest.approx(t.best_baseline_s, rel=1e-9)
@@ -499,21 +506,10 @@ def test_pretrain_teacher_imitates_the_annealed_placement(capsys, tmp_path):
     """`placer pretrain --teacher-seconds S`: each problem's imitation target becomes its best grouped baseline
     annealed for S seconds when that is faster (the target's own simulated step time is the one recorded), and a
     negative S gets one line."""
-    import keras
-    import tensorflow as tf
-
     from placer.cli import main
-    from placer.pretrain import CorpusItem, _task, _teach
-    from placer.rl.policy import POLICY_DEVICE
-    from placer.rl.portable import PortableWeights
-    from placer.rl.reinforce import ReinforceConfig
+    from placer.pretrain import CorpusItem, _teach
 
-    config = ReinforceConfig(seed=0, hidden_size=16, attn_size=8, portable=True)
-    w = PortableWeights(16, 8, config.forget_bias, seed=0)
-    with tf.device(POLICY_DEVICE):
-        opt = keras.optimizers.Adam(1e-3)
-        opt.build(list(w.trainable_variables))
-    t = _task(CorpusItem("random", "3xV100", seed=2), w, opt, config, 0)
+    t = _tiny_task(CorpusItem("random", "3xV100", seed=2))
     try:
         before, start = t.target_s, t.target.copy()
         wall = _teach([t], 2.0, 0, progress=False)

@@ -212,13 +212,10 @@ def run_pretrain(args) -> int:
     share = float(getattr(args, "imitation_share", 0.3))
     if not 0.0 <= share < 1.0:
         raise SearchError(f"--imitation-share must be in [0, 1), got {share}")
-    teacher = float(getattr(args, "teacher_seconds", 0.0))
-    if not (np.isfinite(teacher) and teacher >= 0.0):
-        raise SearchError(f"--teacher-seconds must be >= 0, got {teacher}")
     info = pretrain(args.out, budget_seconds=float(args.budget), corpus=args.corpus, seed=int(args.seed),
                     progress=not args.no_progress, init=getattr(args, "init", None), imitation_share=share,
                     split_groups=getattr(args, "split_groups", None) or None,
-                    teacher_seconds=teacher)
+                    teacher_seconds=float(getattr(args, "teacher_seconds", 0.0)))
     if getattr(args, "json", False):
         from placer.cli import print_json
 
