@@ -137,8 +137,9 @@ def tune_table(date: str, evals: int) -> None:
     recs = [json.loads(x) for x in (RESULTS / "bench_anneal_tune.jsonl").read_text().splitlines() if x.strip()]
     recs = [r for r in recs if r.get("date", "").startswith(date) and r["evaluations"] == evals]
 
-    def setting(r):   # what differs from today's default (records before `block` existed made "run" blocks)
-        cfg = {"block": "run", **r["config"]}
+    def setting(r):   # what differs from today's default (records before `block` existed made "run" blocks,
+        # before `attract_prob` and `merge_prob` none of those moves)
+        cfg = {"block": "run", "attract_prob": 0.0, "merge_prob": 0.0, **r["config"]}
         return json.dumps({k: v for k, v in cfg.items() if default.get(k) != v}, sort_keys=True)
 
     cells = {(r["model"], r["cluster"]): {} for r in recs}

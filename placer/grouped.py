@@ -97,14 +97,21 @@ def group_key(groups: np.ndarray) -> bytes:
 
 def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k: int, seen: set[bytes], *,
                block_prob: float = 0.1, block_max: int = 8, movable: np.ndarray | None = None, tries: int = 20,
-               max_depth: int = 4, links: np.ndarray | None = None) -> list[np.ndarray]:
+               max_depth: int = 4, links: np.ndarray | None = None, merge_prob: float = 0.0,
+               attract_prob: float = 0.0) -> list[np.ndarray]:
     """Up to `k` distinct neighbours of the group placement `cur` whose `group_key` is not in `seen`: a single
     movable group (`movable`: default, the groups with more than one allowed device) to another allowed device,
     or, with probability `block_prob`, a block (a contiguous run of 2..`block_max` groups, in group order, which is
     topological order) to one device, each group of the run that may use it. With `links` (float[G, G], the bytes
     or a monotone score of them sent from group i to group j, e.g. `Grouping.adjacency`) a block is instead grown
     from a random movable group by its heaviest links (`linked_block`): a layer's groups, which group order need
-    not keep together, move as one. When random draws find none (the
+    not keep together, move as one. Two more kinds of move, drawn first: with probability `merge_prob` a
+    merge (every movable group on one device that may use another goes there: a device is emptied, so a
+    placement spread over many devices consolidates in one move where single moves would each have to pay off
+    alone), and with probability `attract_prob` an attraction (a movable group goes to a device drawn in
+    proportion to its links, both directions, to the groups there; needs `links`, else it is a single move).
+    The rest, 1 - `merge_prob` - `attract_prob`, are block moves (with probability `block_prob`) and single
+    moves as above. When random draws find none (the
     neighbourhood is used up), neighbours two, three... moves away are drawn instead. A block move may leave `cur`
     as it is: put `cur`'s key in `seen` to exclude it. The annealer's moves
     (`placer.baselines.anneal`) and the search's local moves (`placer.rl.search`, `ReinforceConfig.local_moves`).
@@ -128,6 +135,22 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
                 return out
             new = cur.copy()
             for _ in range(depth):
+                u = rng.random() if merge_prob > 0 or attract_prob > 0 else 1.0
+                if u < merge_prob:
+                    src = int(rng.choice(np.unique(new[movable])))
+                    d = int(rng.integers(allowed.shape[1]))
+                    go = (new == src) & allowed[:, d]
+                    go[new == d] = False
+                    new[go] = d
+                    continue
+                if u < merge_prob + attract_prob and links is not None:
+                    g = int(rng.choice(movable))
+                    w = np.asarray(links[g], float) + np.asarray(links[:, g], float)
+                    pull = np.bincount(new, weights=w, minlength=allowed.shape[1]) * allowed[g]
+                    pull[new[g]] = 0.0
+                    if pull.sum() > 0:
+                        new[g] = int(rng.choice(len(pull), p=pull / pull.sum()))
+                        continue
                 if rng.random() < block_prob and G >= 2:
                     length = int(rng.integers(2, min(block_max, G) + 1))
                     if links is None:
@@ -201,6 +224,22 @@ def accept0_error(accept0: float, name: str = "accept0") -> str | None:
         return None
     return (f"{name} (the probability of accepting a median worsening move at the start) must be between 0 and 1, "
             f"exclusive: got {accept0}")
+
+
+def move_shares_error(merge_prob: float, attract_prob: float, prefix: str = "") -> str | None:
+    """Why the shares of merge and attraction moves (`neighbours`; `prefix`: the settings' owner, e.g.
+    "AnnealConfig.") cannot be used, or None when they can: each in [0, 1], their sum at most 1.
+
+    >>> move_shares_error(0.05, 0.2) is None, move_shares_error(0.6, 0.6, "AnnealConfig.")[:36]
+    (True, 'AnnealConfig.merge_prob + AnnealConf')
+    """
+    for name, v in (("merge_prob", merge_prob), ("attract_prob", attract_prob)):
+        if not 0.0 <= v <= 1.0:
+            return f"{prefix}{name} (a share of the local moves) must be between 0 and 1: got {v}"
+    if merge_prob + attract_prob > 1.0:
+        return (f"{prefix}merge_prob + {prefix}attract_prob (shares of the local moves) must be at most 1: got "
+                f"{merge_prob} + {attract_prob}")
+    return None
 
 
 def initial_temperature(delta: np.ndarray, accept0: float) -> float:

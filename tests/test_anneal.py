@@ -274,3 +274,74 @@ def test_an_accept0_outside_zero_one_is_a_clear_error(accept0):
             Search(gr, ev, cpu_index=CPU, allowed=allowed, config=ReinforceConfig(**{name: accept0}),
                    progress=False, tensorboard=False)
     assert ev.batches == []
+
+
+def test_merge_moves_empty_a_device_and_attractions_follow_links():
+    """A merge moves every group on one device that may use another device there (one device emptied in one
+    move); an attraction moves one group to a device holding a group it is linked to. Both keep each group on
+    its allowed devices; without links an attraction is a plain single move."""
+    from placer.grouped import group_key, neighbours
+
+    G, D = 6, 4
+    cur = np.array([0, 0, 1, 1, 2, 2])
+    allowed = np.ones((G, D), bool)
+    allowed[5, 0] = False                  # group 5 may not go to device 0: a merge of device 2 there leaves it
+    nb = neighbours(cur, allowed, np.random.default_rng(0), 12, {group_key(cur)}, merge_prob=1.0)
+    assert nb
+    emptied = 0
+    for n in nb:
+        assert allowed[np.arange(G), n].all()
+        moved = np.flatnonzero(n != cur)
+        src, dst = set(cur[moved].tolist()), set(n[moved].tolist())
+        assert len(src) == 1 and len(dst) == 1, (cur, n)
+        s, d = src.pop(), dst.pop()
+        assert set(moved.tolist()) == {g for g in range(G) if cur[g] == s and allowed[g, d]}
+        emptied += int(not (n == s).any())
+    assert emptied > 0
+    assert any(n[4] == 0 and n[5] == 2 for n in nb)      # device 2 merged into 0: group 5 stays
+
+    links = np.zeros((G, G))
+    links[0, 4] = 3.0                      # group 0 (device 0) sends to group 4 (device 2)
+    links[3, 1] = 1.0                      # group 3 (device 1) receives from group 1 (device 0)
+    nb = neighbours(cur, allowed, np.random.default_rng(0), 4, {group_key(cur)}, attract_prob=1.0, links=links)
+    sym = links + links.T
+    assert nb
+    for n in nb:
+        (g,) = np.flatnonzero(n != cur)
+        assert sym[g, cur == n[g]].sum() > 0, (g, n)     # it went where a linked group is
+    assert {tuple(np.flatnonzero(n != cur)) for n in nb} <= {(0,), (1,), (3,), (4,)}
+    plain = neighbours(cur, allowed, np.random.default_rng(0), 12, {group_key(cur)}, attract_prob=1.0,
+                       block_prob=0.0)
+    assert all(len(np.flatnonzero(n != cur)) == 1 for n in plain)
+
+
+def test_anneal_with_merges_and_attractions_keeps_allowed_devices_and_counts():
+    """The annealer with the new move kinds: allowed devices kept, the budget in evaluations kept, the optimum of
+    the toy reached; move shares outside [0, 1] or summing over 1 are refused, naming the setting, before any
+    evaluation (the annealer's and the search's settings)."""
+    from placer.errors import PlacementError, SearchError
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+
+    G = 8
+    gr = _grouping(G)
+    allowed = np.ones((G, 4), bool)
+    allowed[:, CPU] = False
+    allowed[2, 1] = False
+    target = np.array([1, 1, 0, 2, 2, 2, 0, 1])
+    ev = ToyEvaluator(gr.expand(target, CPU))
+    prob = _problem(gr, allowed, ev, {"single_gpu": gr.expand(np.zeros(G, int), CPU)})
+    gr.adjacency[:] = 0.0
+    gr.adjacency[0, 1] = gr.adjacency[3, 4] = gr.adjacency[4, 5] = 1.0
+    r = anneal(prob, max_evaluations=400, seed=0, config=AnnealConfig(merge_prob=0.1, attract_prob=0.3))
+    assert r.evaluations <= 400 and r.step_time == pytest.approx(1.0)
+    for p in ev.seen:
+        g = p[::2]
+        assert allowed[np.arange(G), g].all()
+    n = len(ev.batches)
+    with pytest.raises(PlacementError, match=r"AnnealConfig.merge_prob \+ AnnealConfig.attract_prob .* 0.7 \+ 0.5"):
+        anneal(prob, max_evaluations=50, config=AnnealConfig(merge_prob=0.7, attract_prob=0.5))
+    with pytest.raises(SearchError, match="ReinforceConfig.local_attract_prob .* got -0.1"):
+        Search(gr, ev, cpu_index=CPU, allowed=allowed, config=ReinforceConfig(local_attract_prob=-0.1),
+               progress=False, tensorboard=False)
+    assert len(ev.batches) == n

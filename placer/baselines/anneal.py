@@ -19,6 +19,9 @@ Moves, all neighbours of the current placement: a single group to another allowe
 group by the grouping's heaviest links (`placer.grouped.linked_block`; `block="linked"`, the default), so a
 layer whose groups group order does not keep together (an LSTM layer's forward, backward and weight groups)
 moves as one; `block="run"` takes a contiguous run in group order (topological order), as before 2026-12-04.
+With `attract_prob` > 0 that share of the moves are attractions: a group to a device drawn in proportion to its
+links to the groups there (to its producers' or consumers' device, cutting a transfer); with `merge_prob` > 0
+that share empties a device into another (`placer.grouped.neighbours`).
 A batch of `batch` distinct moves is evaluated in one Evaluator call (the simulator
 runs it on 2 threads); placements already evaluated are not evaluated again. A failed placement (out of memory)
 is charged as the policy's search charges it (`placer.grouped.charged_step_times`: 10 × the single-GPU step
@@ -47,7 +50,7 @@ import numpy as np
 
 from placer.errors import PlacementError
 from placer.grouped import (accept0_error, accept_move, charged_step_times, failure_reference, group_key,
-                            grouped_baselines, initial_temperature, neighbours)
+                            grouped_baselines, initial_temperature, move_shares_error, neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,10 @@ class AnnealConfig:
     block_prob: float = 0.1       # share of block moves, the rest move one group (0 and 0.3 no better)
     block_max: int = 8            # longest block, in groups (4 and 16 no better)
     block: str = "linked"         # "linked": a block grown by the grouping's links; "run": a run in group order
+    attract_prob: float = 0.2     # share of attraction moves (a group to a device its links pull it to); 0.2:
+                                  # better in 6 of the 8 K80 cells, mean -1.2% (RESULTS.md "Attraction moves")
+    merge_prob: float = 0.0       # share of merge moves (a device's groups all to another; 0.05 with attraction:
+                                  # clip on 8 V100s -3.9% at 25,000 evaluations, the K80 cells -0.4%, worse on 2 K80s)
     accept0: float = 0.3          # at T0 a median worsening move of the first batch is accepted with this probability
     t_final: float = 1e-4         # final temperature, in relative step-time change (1e-3, 1e-5 no better)
     restarts: int = 0             # reheats from the best so far, the budget split into restarts + 1 schedules
@@ -115,6 +122,8 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
     if cfg.block not in ("run", "linked"):
         raise PlacementError(f"unknown anneal block {cfg.block!r}: use run or linked")
     if (msg := accept0_error(cfg.accept0, "AnnealConfig.accept0")) is not None:
+        raise PlacementError(msg)
+    if (msg := move_shares_error(cfg.merge_prob, cfg.attract_prob, "AnnealConfig.")) is not None:
         raise PlacementError(msg)
     evaluator = evaluator if evaluator is not None else problem.simulator
     grouping, cluster = problem.grouping, problem.cluster
@@ -189,7 +198,8 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
         temp = t0 * (t_fin / t0) ** q if np.isfinite(t0) else float("inf")
 
         cands = neighbours(cur, allowed, rng, min(cfg.batch, left or cfg.batch), run.seen, block_prob=cfg.block_prob,
-                           block_max=cfg.block_max, movable=movable, links=links)
+                           block_max=cfg.block_max, movable=movable, links=links, merge_prob=cfg.merge_prob,
+                           attract_prob=cfg.attract_prob)
         if not cands:
             stop = "no_moves"
             break

@@ -98,6 +98,8 @@ class ReinforceConfig:
     local_accept0: float = 0.3       # AnnealConfig.accept0: T0 accepts a median worsening move with this probability
     local_t_final: float = 1e-4      # AnnealConfig.t_final, reached at the end of the search's budget
     local_block: str = "linked"      # AnnealConfig.block: blocks grown by the grouping's links ("run": in group order)
+    local_attract_prob: float = 0.2  # AnnealConfig.attract_prob: share of attraction moves (to where links pull)
+    local_merge_prob: float = 0.0    # AnnealConfig.merge_prob: share of merge moves (a device's groups to another)
     # ...and past `local_moves`, more of the chain's moves until they have taken this share of the search's wall
     # time so far (warm start included). 0: exactly `local_moves` per update
     local_share: float = 0.0

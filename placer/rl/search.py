@@ -43,7 +43,8 @@ import numpy as np
 
 from placer.errors import SearchError, fmt_bytes
 from placer.grouped import (accept0_error, accept_move, charged_step_times, failure_reference, first_copies,
-                            group_key, grouped_baselines, initial_temperature, neighbours)
+                            group_key, grouped_baselines, initial_temperature, move_shares_error,
+                            neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,9 @@ class Search:
         for name in ("local_accept0", "zero_shot_refine_accept0"):     # before any work, not at the first move
             if (msg := accept0_error(getattr(self.config, name), f"ReinforceConfig.{name}")) is not None:
                 raise SearchError(msg)
+        if (msg := move_shares_error(self.config.local_merge_prob, self.config.local_attract_prob,
+                                     "ReinforceConfig.local_")) is not None:
+            raise SearchError(msg)
         self.fingerprint = grouping_fingerprint(grouping)
         self._agent = None
         # XLA-compile the policy's sampling loop: pays back over a search's updates, not for one zero-shot batch
@@ -785,7 +789,8 @@ class Search:
 
         cfg = self.config
         links = getattr(self.grouping, "adjacency", None) if cfg.local_block == "linked" else None
-        cands = neighbours(self._chain, self.allowed, self._local_rng, k, self._local_seen, links=links)
+        cands = neighbours(self._chain, self.allowed, self._local_rng, k, self._local_seen, links=links,
+                           merge_prob=cfg.local_merge_prob, attract_prob=cfg.local_attract_prob)
         if not cands:
             return None
         self._local_seen.update(group_key(g) for g in cands)
