@@ -107,13 +107,15 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
     return recs
 
 
-def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds: int, grid: list[dict]) -> None:
-    """The annealer alone, per setting of `grid` (AnnealConfig overrides), count and seed."""
+def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds: int, grid: list[dict],
+         precision: str = "fp32") -> None:
+    """The annealer alone, per setting of `grid` (AnnealConfig overrides), count and seed; the model built in
+    `precision` (recorded when not fp32)."""
     from placer.baselines.anneal import AnnealConfig, anneal
     from placer.graphs.models import build_model
     from placer.problem import build_problem
 
-    problem = build_problem(build_model(model, size), cluster, seed=seed)
+    problem = build_problem(build_model(model, size, precision=precision), cluster, seed=seed)
     try:
         for over in grid:
             cfg = AnnealConfig(**over)
@@ -125,7 +127,8 @@ def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds
                        "stdev_s": statistics.stdev(vals) if len(vals) > 1 else 0.0, "values_s": vals,
                        "start": runs[0].start, "start_s": runs[0].start_s,
                        "wall_s": statistics.mean(r.wall_s for r in runs), "config": cfg.to_dict(),
-                       "seeds": [seed + i for i in range(seeds)], "simulated": True}, "bench_anneal_tune.jsonl")
+                       "seeds": [seed + i for i in range(seeds)], "simulated": True,
+                       **({"precision": precision} if precision != "fp32" else {})}, "bench_anneal_tune.jsonl")
     finally:
         problem.close()
 
@@ -142,9 +145,12 @@ def tune_table(date: str, evals: int) -> None:
         cfg = {"block": "run", "attract_prob": 0.0, "merge_prob": 0.0, **r["config"]}
         return json.dumps({k: v for k, v in cfg.items() if default.get(k) != v}, sort_keys=True)
 
-    cells = {(r["model"], r["cluster"]): {} for r in recs}
+    def cell(r):      # a precision other than fp32 is part of the cluster column
+        return r["model"], r["cluster"] + (f":{r['precision']}" if r.get("precision", "fp32") != "fp32" else "")
+
+    cells = {cell(r): {} for r in recs}
     for r in recs:
-        cells[(r["model"], r["cluster"])][setting(r)] = r
+        cells[cell(r)][setting(r)] = r
     cols = sorted({k for c in cells.values() for k in c}, key=lambda k: (len(k), k))
     print("| model | cluster | seeds | " + " | ".join(f"{c if c != '{}' else 'default'}: mean (range) (s)"
                                                     for c in cols) + " |")
@@ -174,6 +180,8 @@ def main(argv=None) -> int:
                          "more policy seeds on the same problem")
     ap.add_argument("--tune", metavar="JSON", help="a list of AnnealConfig overrides: run only the annealer")
     ap.add_argument("--tune-table", metavar="DATE", help="print the --tune records of days starting with DATE")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
+                    help="with --tune: build the model in this precision (e.g. clip --cluster DGX1 --precision fp16)")
     ap.add_argument("--policy", help="start the policy's search from a pretrained policy ('default' or a "
                                      "`placer pretrain` directory), as `placer search --policy` does")
     a = ap.parse_args(argv)
@@ -182,7 +190,7 @@ def main(argv=None) -> int:
         tune_table(a.tune_table, evals[0])
         return 0
     if a.tune:
-        tune(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), json.loads(a.tune))
+        tune(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), json.loads(a.tune), a.precision)
         return 0
     run(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), a.policy_budget,
         json.loads(a.policy_config), max(1, a.policy_seeds), a.policy, a.first_policy_seed)
