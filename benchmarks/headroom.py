@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/headroom.py            # prints a Markdown table
     .venv/bin/python benchmarks/headroom.py --policy-config '{"elite_size": 4, ...}'   # + one policy setting
     .venv/bin/python benchmarks/headroom.py --anneal-block run      # annealing as it was before linked blocks
+    .venv/bin/python benchmarks/headroom.py --anneal-attract 0      # ...before attraction moves (2026-12-06)
 
 With --policy-config, the table adds the policy runs at 1,000 evaluations whose `policy_config` is exactly that
 object (not pretrained; `reuse_evaluations` is read from the record, false if absent), every policy seed recorded
@@ -12,7 +13,8 @@ keeps only the policy runs recorded on or after DATE.
 Reads only recorded runs (all simulated):
   * annealing at 1,000 evaluations, seeds 0-4: `anneal_s_seeds` of the latest `anneal_vs_policy` record in
     results/bench_anneal.jsonl whose annealer made --anneal-block's block moves (`anneal_config.block`; records
-    without it made "run" moves; the annealer is deterministic per seed and setting); a cell with no such record
+    without it made "run" moves) and --anneal-attract's share of attraction moves (`anneal_config.attract_prob`;
+    0 in records without it); the annealer is deterministic per seed and setting; a cell with no such record
     is left out;
   * annealing at 20,000 evaluations, seeds 0-2: the `anneal_tune` records of results/bench_anneal_tune.jsonl with
     default settings, from `bench_anneal.py --model M --cluster C --evals 20000 --anneal-seeds 3 --tune '[{}]'`;
@@ -44,7 +46,12 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def table(policy_config: dict | None = None, anneal_block: str = "linked", since: str | None = None) -> list[dict]:
+def table(policy_config: dict | None = None, anneal_block: str = "linked", since: str | None = None,
+          anneal_attract: float | None = None) -> list[dict]:
+    if anneal_attract is None:
+        from placer.baselines.anneal import AnnealConfig
+
+        anneal_attract = AnnealConfig().attract_prob
     runs = _lines(RESULTS / "bench_anneal.jsonl")
     tune = _lines(RESULTS / "bench_anneal_tune.jsonl")
     bench = json.loads((RESULTS / "results.json").read_text()) if (RESULTS / "results.json").exists() else []
@@ -57,7 +64,8 @@ def table(policy_config: dict | None = None, anneal_block: str = "linked", since
         cell = [r for r in runs if r.get("bench") == "anneal_vs_policy" and r["model"] == model
                 and r["cluster"] == cluster and r["evaluations"] == 1000 and r.get("size", "full") == "full"]
         ann = next((r["anneal_s_seeds"] for r in reversed(cell) if len(r.get("anneal_s_seeds", [])) >= 5
-                    and r.get("anneal_config", {}).get("block", "run") == anneal_block), None)
+                    and r.get("anneal_config", {}).get("block", "run") == anneal_block
+                    and r.get("anneal_config", {}).get("attract_prob", 0.0) == anneal_attract), None)
         long = [v for r in tune if r["model"] == model and r["cluster"] == cluster and r["evaluations"] == 20000
                 and not r.get("settings") for v in r["values_s"]]
         b300 = [r["search_best_s"] for r in bench if r["model"] == model and r["gpus"] == gpus
@@ -100,10 +108,13 @@ def main(argv=None) -> int:
     ap.add_argument("--policy-config", metavar="JSON", help="also compare the policy runs with this policy_config")
     ap.add_argument("--anneal-block", default="linked", choices=("linked", "run"),
                     help="the annealer's block moves to compare against (AnnealConfig.block; default the current)")
+    ap.add_argument("--anneal-attract", type=float, metavar="P",
+                    help="the annealer's share of attraction moves to compare against (AnnealConfig.attract_prob; "
+                         "default the current; 0: as before 2026-12-06)")
     ap.add_argument("--since", metavar="DATE", help="with --policy-config: only policy runs recorded on or after DATE "
                     "(the records' `date`, e.g. '2026-12-05 05:00'), so that runs of older code are left out")
     a = ap.parse_args(argv)
-    rows = table(json.loads(a.policy_config) if a.policy_config else None, a.anneal_block, a.since)
+    rows = table(json.loads(a.policy_config) if a.policy_config else None, a.anneal_block, a.since, a.anneal_attract)
     print("| model | K80s | anneal at 1,000: mean of seeds 0-4 (s) | anneal at 20,000: seeds 0-2 (s) | "
           "policy, 300 s search (s) | anneal, 120 s (s) | policy, 120 s (s) | best known (s) | "
           "ceiling: best known vs anneal's 1,000 mean |")
