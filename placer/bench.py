@@ -81,6 +81,16 @@ class CellSettings:
             k["local_moves"] = int(cfg.local_moves)
             if cfg.local_share:  # ...and before the chain's share of the wall time (2026-12-05) none
                 k["local_share"] = float(cfg.local_share)
+            for name in ("local_attract_prob", "local_merge_prob"):   # ...nor attractions, merges (2026-12-06)
+                if getattr(cfg, name):
+                    k[name] = float(getattr(cfg, name))
+        if self.anneal:
+            from placer.baselines.anneal import AnnealConfig
+
+            a = AnnealConfig()
+            for name in ("attract_prob", "merge_prob"):
+                if getattr(a, name):
+                    k[f"anneal_{name}"] = float(getattr(a, name))
         return k
 
     @property
