@@ -139,9 +139,7 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
                 if u < merge_prob:
                     src = int(rng.choice(np.unique(new[movable])))
                     d = int(rng.integers(allowed.shape[1]))
-                    go = (new == src) & allowed[:, d]
-                    go[new == d] = False
-                    new[go] = d
+                    new[(new == src) & allowed[:, d]] = d       # d == src: no move (in `seen`, skipped)
                     continue
                 if u < merge_prob + attract_prob and links is not None:
                     g = int(rng.choice(movable))
