@@ -25,7 +25,8 @@ Prints one JSON line per N and appends them to benchmarks/results/bench_anneal.j
 count, appended to benchmarks/results/bench_anneal_tune.jsonl. --tune-table DATE prints the records of those
 runs made on days starting with DATE at the first --evals count as a Markdown table: one row per cell, one column
 per setting (each as its full `anneal_config`'s changes from the current default), the mean over the seeds and
-their range; a setting run twice in a cell shows its latest record.
+their range; records of one setting and cell with other seeds (--first-anneal-seed) add to it, a seed run twice
+shows its latest value.
 """
 from __future__ import annotations
 
@@ -108,9 +109,10 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
 
 
 def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds: int, grid: list[dict],
-         precision: str = "fp32") -> None:
-    """The annealer alone, per setting of `grid` (AnnealConfig overrides), count and seed; the model built in
-    `precision` (recorded when not fp32)."""
+         precision: str = "fp32", first_seed: int | None = None) -> None:
+    """The annealer alone, per setting of `grid` (AnnealConfig overrides), count and seed (`seeds` of them from
+    `first_seed`, default `seed`, which also seeds the problem's baselines); the model built in `precision`
+    (recorded when not fp32)."""
     from placer.baselines.anneal import AnnealConfig, anneal
     from placer.graphs.models import build_model
     from placer.problem import build_problem
@@ -120,14 +122,15 @@ def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds
         for over in grid:
             cfg = AnnealConfig(**over)
             for n in evals:
-                runs = [anneal(problem, max_evaluations=n, seed=seed + i, config=cfg) for i in range(seeds)]
+                s0 = seed if first_seed is None else first_seed
+                runs = [anneal(problem, max_evaluations=n, seed=s0 + i, config=cfg) for i in range(seeds)]
                 vals = [r.step_time for r in runs]
                 _emit({"bench": "anneal_tune", "model": model, "cluster": cluster, "size": size, "evaluations": n,
                        "settings": over, "mean_s": statistics.mean(vals),
                        "stdev_s": statistics.stdev(vals) if len(vals) > 1 else 0.0, "values_s": vals,
                        "start": runs[0].start, "start_s": runs[0].start_s,
                        "wall_s": statistics.mean(r.wall_s for r in runs), "config": cfg.to_dict(),
-                       "seeds": [seed + i for i in range(seeds)], "simulated": True,
+                       "seeds": [s0 + i for i in range(seeds)], "problem_seed": seed, "simulated": True,
                        **({"precision": precision} if precision != "fp32" else {})}, "bench_anneal_tune.jsonl")
     finally:
         problem.close()
@@ -149,8 +152,10 @@ def tune_table(date: str, evals: int) -> None:
         return r["model"], r["cluster"] + (f":{r['precision']}" if r.get("precision", "fp32") != "fp32" else "")
 
     cells = {cell(r): {} for r in recs}
-    for r in recs:
-        cells[cell(r)][setting(r)] = r
+    for r in recs:       # one value per seed: a later record of the same setting, cell and seed replaces it
+        by_seed = cells[cell(r)].setdefault(setting(r), {})
+        by_seed.update(zip(r.get("seeds") or range(len(r["values_s"])), r["values_s"]))
+    cells = {k: {s: {"values_s": list(v.values())} for s, v in c.items()} for k, c in cells.items()}
     cols = sorted({k for c in cells.values() for k in c}, key=lambda k: (len(k), k))
     print("| model | cluster | seeds | " + " | ".join(f"{c if c != '{}' else 'default'}: mean (range) (s)"
                                                     for c in cols) + " |")
@@ -179,6 +184,9 @@ def main(argv=None) -> int:
                     help="the policy runs' first seed (default --seed, which also seeds the problem's baselines): "
                          "more policy seeds on the same problem")
     ap.add_argument("--tune", metavar="JSON", help="a list of AnnealConfig overrides: run only the annealer")
+    ap.add_argument("--first-anneal-seed", type=int,
+                    help="with --tune: the annealer's first seed (default --seed, which also seeds the problem's "
+                         "baselines): more seeds on the same problem")
     ap.add_argument("--tune-table", metavar="DATE", help="print the --tune records of days starting with DATE")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
                     help="with --tune: build the model in this precision (e.g. clip --cluster DGX1 --precision fp16)")
@@ -190,7 +198,8 @@ def main(argv=None) -> int:
         tune_table(a.tune_table, evals[0])
         return 0
     if a.tune:
-        tune(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), json.loads(a.tune), a.precision)
+        tune(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), json.loads(a.tune), a.precision,
+             a.first_anneal_seed)
         return 0
     run(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), a.policy_budget,
         json.loads(a.policy_config), max(1, a.policy_seeds), a.policy, a.first_policy_seed)
