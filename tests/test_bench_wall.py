@@ -32,3 +32,8 @@ def test_table_joins_tags_filters_methods_and_gives_the_gap_of_the_means(bench_w
 
     one = bench_wall.table("a", path=path, methods=["local"]).splitlines()[2]
     assert "30.0% slower" in one
+    # a cell the method did not run: its columns are "-" (not "nan% faster")
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs + [_rec("a", "anneal", 0, 1.0, model="rnnlm")]))
+    row = bench_wall.table("a", path=path, methods=["local"]).splitlines()[3]
+    cols = [c.strip() for c in row.strip("|").split("|")]
+    assert cols[0] == "rnnlm" and cols[4:6] == ["-", "-"] and cols[6] == "100 / -"

@@ -100,6 +100,8 @@ class ReinforceConfig:
     local_block: str = "linked"      # AnnealConfig.block: blocks grown by the grouping's links ("run": in group order)
     local_attract_prob: float = 0.2  # AnnealConfig.attract_prob: share of attraction moves (to where links pull)
     local_merge_prob: float = 0.0    # AnnealConfig.merge_prob: share of merge moves (a device's groups to another)
+    local_jump: bool = True          # the chain jumps to each new best of the run the policy samples (False: it
+    #                                  keeps its own point, as annealing does, and the policy's bests are only kept)
     # ...and past `local_moves`, more of the chain's moves until they have taken this share of the search's wall
     # time so far (warm start included). 0: exactly `local_moves` per update
     local_share: float = 0.0

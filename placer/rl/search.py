@@ -754,7 +754,7 @@ class Search:
                     or self.local_seconds + time.perf_counter() - t_call >= cfg.local_share * wall:
                 return 0
             return cfg.local_batch if limit is None else min(cfg.local_batch, limit - drawn)
-        if self._chain is None or self.elite_time < self._chain_best:   # the policy sampled a new best: jump
+        if self._chain is None or (cfg.local_jump and self.elite_time < self._chain_best):   # a new best: jump
             self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
             self._local_seen.add(group_key(self._chain))
         if len(self._local_seen) > LOCAL_SEEN_MAX:
