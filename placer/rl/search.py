@@ -732,9 +732,9 @@ class Search:
         point the chain accepted is kept otherwise, as in annealing; with `local_jump` off it never jumps): the
         policy proposes, the chain refines, and the chain's improvements become the run's best, which the elite
         step fits. With `local_share` > 0 the chain goes on past `local_moves` until its moves have taken that
-        share of the search's wall time so far (or the wall budget is spent). At most `limit` evaluations (what is left of `max_evaluations`), through
-        `evaluate_groups` (with the cache, placements evaluated before are looked up). Returns (the search's best
-        improved, the run's best improved)."""
+        share of the search's wall time so far (or the wall budget is spent). At most `limit` evaluations (what
+        is left of `max_evaluations`), through `evaluate_groups` (with the cache, placements evaluated before are
+        looked up). Returns (the search's best improved, the run's best improved)."""
         cfg = self.config
         n = cfg.local_moves if limit is None else min(cfg.local_moves, limit)
         if n <= 0 or self.elite_groups is None or not np.isfinite(self.elite_time):
