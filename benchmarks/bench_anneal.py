@@ -118,11 +118,11 @@ def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds
     from placer.problem import build_problem
 
     problem = build_problem(build_model(model, size, precision=precision), cluster, seed=seed)
+    s0 = seed if first_seed is None else first_seed
     try:
         for over in grid:
             cfg = AnnealConfig(**over)
             for n in evals:
-                s0 = seed if first_seed is None else first_seed
                 runs = [anneal(problem, max_evaluations=n, seed=s0 + i, config=cfg) for i in range(seeds)]
                 vals = [r.step_time for r in runs]
                 _emit({"bench": "anneal_tune", "model": model, "cluster": cluster, "size": size, "evaluations": n,
@@ -155,14 +155,13 @@ def tune_table(date: str, evals: int) -> None:
     for r in recs:       # one value per seed: a later record of the same setting, cell and seed replaces it
         by_seed = cells[cell(r)].setdefault(setting(r), {})
         by_seed.update(zip(r.get("seeds") or range(len(r["values_s"])), r["values_s"]))
-    cells = {k: {s: {"values_s": list(v.values())} for s, v in c.items()} for k, c in cells.items()}
     cols = sorted({k for c in cells.values() for k in c}, key=lambda k: (len(k), k))
     print("| model | cluster | seeds | " + " | ".join(f"{c if c != '{}' else 'default'}: mean (range) (s)"
                                                     for c in cols) + " |")
     print("|---|---|---:|" + "---:|" * len(cols))
     for (model, cluster), c in cells.items():
-        n = {len(r["values_s"]) for r in c.values()}
-        vals = [f"{statistics.mean(c[k]['values_s']):.4f} ({min(c[k]['values_s']):.3f}-{max(c[k]['values_s']):.3f})"
+        n = {len(v) for v in c.values()}
+        vals = [f"{statistics.mean(c[k].values()):.4f} ({min(c[k].values()):.3f}-{max(c[k].values()):.3f})"
                 if k in c else "n/a" for k in cols]
         print(f"| {model} | {cluster} | {'/'.join(map(str, sorted(n)))} | " + " | ".join(vals) + " |")
 

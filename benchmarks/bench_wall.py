@@ -117,10 +117,11 @@ def table(tag: str, path: Path | None = None, methods: list[str] | None = None) 
         cols = [model, cluster, ",".join(str(r["seed"]) for r in rows["anneal"]), fmt(rows["anneal"])]
         for m in methods:
             both = [r for r in rows[m] if r["seed"] in ann]       # the seeds both methods ran
-            g = (statistics.mean(r["best_s"] for r in both) / statistics.mean(ann[r["seed"]] for r in both) - 1
-                 if both else float("nan"))
-            cols += [fmt(rows[m]), "-" if not both else "equal" if abs(g) < 5e-4
-                     else f"{abs(g) * 100:.1f}% {'slower' if g > 0 else 'faster'}"]
+            gap = "-"
+            if both:
+                g = statistics.mean(r["best_s"] for r in both) / statistics.mean(ann[r["seed"]] for r in both) - 1
+                gap = "equal" if abs(g) < 5e-4 else f"{abs(g) * 100:.1f}% {'slower' if g > 0 else 'faster'}"
+            cols += [fmt(rows[m]), gap]
         cols.append(" / ".join(f"{statistics.mean(r['evaluations'] for r in rows[m]):,.0f}" if rows[m] else "-"
                                for m in ["anneal"] + methods))
         lines.append("| " + " | ".join(cols) + " |")

@@ -66,7 +66,8 @@ class AnnealConfig:
     attract_prob: float = 0.2     # share of attraction moves (a group to a device its links pull it to); 0.2:
                                   # better in 6 of the 8 K80 cells, mean -1.1% (RESULTS.md "Attraction moves")
     merge_prob: float = 0.0       # share of merge moves (a device's groups all to another); 0.05 with attraction:
-                                  # K80 cells -0.4% (worse than attraction alone), clip on DGX1 -0.8% (ibid.)
+                                  # K80 cells -0.4% (worse than attraction alone), clip on DGX1 -1.2% (8 seeds;
+                                  # -2.8% against attraction alone); both against neither (ibid.)
     accept0: float = 0.3          # at T0 a median worsening move of the first batch is accepted with this probability
     t_final: float = 1e-4         # final temperature, in relative step-time change (1e-3, 1e-5 no better)
     restarts: int = 0             # reheats from the best so far, the budget split into restarts + 1 schedules
