@@ -460,6 +460,29 @@ def test_the_chain_jumps_to_a_new_best_of_the_policy_unless_local_jump_is_off(mo
         np.testing.assert_array_equal(bases[0], best if jump else own)
 
 
+def test_the_chain_jumps_only_once_local_jump_after_of_the_budget_is_spent(monkeypatch):
+    # ReinforceConfig.local_jump_after: before that share of the budget the chain keeps its own point (as with
+    # local_jump off), from then on it jumps to the policy's new bests
+    import placer.rl.search as search_mod
+
+    gr, ev = _setup(G=8, seed=6)
+    kw = dict(cpu_index=CPU, baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)}, progress=False)
+    real, bases = search_mod.neighbours, []
+    monkeypatch.setattr(search_mod, "neighbours", lambda g, *a, **k: (bases.append(np.array(g)), real(g, *a, **k))[1])
+    own = np.array([CPU, 1, 1, 1, 1, 1, 1, 1], np.int32)
+    best = np.array([CPU, 2, 2, 2, 2, 2, 2, 2], np.int32)
+    for progress, expect in ((0.3, own), (0.6, best)):
+        s = Search(gr, ToyEvaluator(ev.target_ops), config=ReinforceConfig(seed=0, local_moves=8, local_jump_after=0.5,
+                                                                              **SMALL), **kw)
+        s.run(60, max_updates=1)
+        monkeypatch.setattr(s, "_progress", lambda p=progress: p)
+        s._chain, s._chain_c, s._chain_best = own.copy(), 50.0, 40.0
+        s.elite_groups, s.elite_time = best.copy(), 30.0
+        bases.clear()
+        s._local_moves()
+        np.testing.assert_array_equal(bases[0], expect)
+
+
 def test_local_share_gives_the_chain_its_share_of_the_wall_time(monkeypatch):
     # ReinforceConfig.local_share: past `local_moves`, the chain goes on until its moves have taken that share of
     # the search's wall time so far, within the budget. On a clock that only evaluations advance (10 ms each), a

@@ -102,6 +102,8 @@ class ReinforceConfig:
     local_merge_prob: float = 0.0    # AnnealConfig.merge_prob: share of merge moves (a device's groups to another)
     local_jump: bool = True          # the chain jumps to each new best of the run the policy samples (False: it
     #                                  keeps its own point, as annealing does, and the policy's bests are only kept)
+    local_jump_after: float = 0.0    # ...once this share of the search's budget is spent (0: from the start; the
+    #                                  chain wanders on its own while it is hot, then refines the policy's bests)
     # ...and past `local_moves`, more of the chain's moves until they have taken this share of the search's wall
     # time so far (warm start included). 0: exactly `local_moves` per update
     local_share: float = 0.0
