@@ -438,49 +438,52 @@ def test_local_moves_refine_the_runs_best_and_count_as_evaluations(tmp_path):
     assert capped.evaluations == 50 and capped.stop_reason == "max_evaluations"
 
 
-def test_the_chain_jumps_to_a_new_best_of_the_policy_unless_local_jump_is_off(monkeypatch):
-    # ReinforceConfig.local_jump: when the policy has sampled a new best of the run since the chain last moved,
-    # the chain's next moves start from that best (True, the default) or from its own point, as annealing's do
+def _chain_start(monkeypatch):
+    """A toy problem, and the bases of the chain's neighbour draws (recorded by a spy on `neighbours`)."""
     import placer.rl.search as search_mod
 
     gr, ev = _setup(G=8, seed=6)
     kw = dict(cpu_index=CPU, baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)}, progress=False)
     real, bases = search_mod.neighbours, []
     monkeypatch.setattr(search_mod, "neighbours", lambda g, *a, **k: (bases.append(np.array(g)), real(g, *a, **k))[1])
-    own = np.array([CPU, 1, 1, 1, 1, 1, 1, 1], np.int32)
-    best = np.array([CPU, 2, 2, 2, 2, 2, 2, 2], np.int32)
+    return gr, ev, kw, bases
+
+
+def _chain_base(s: Search, bases: list) -> np.ndarray:
+    """Where the chain's next moves start from, when it was at `own` (best seen 40) and the policy has since
+    sampled `best` (30)."""
+    s._chain, s._chain_c, s._chain_best = OWN.copy(), 50.0, 40.0     # where the chain was, the best it saw
+    s.elite_groups, s.elite_time = BEST.copy(), 30.0                  # a better sample of the policy since
+    bases.clear()
+    s._local_moves()
+    return bases[0]
+
+
+OWN = np.array([CPU, 1, 1, 1, 1, 1, 1, 1], np.int32)
+BEST = np.array([CPU, 2, 2, 2, 2, 2, 2, 2], np.int32)
+
+
+def test_the_chain_jumps_to_a_new_best_of_the_policy_unless_local_jump_is_off(monkeypatch):
+    # ReinforceConfig.local_jump: when the policy has sampled a new best of the run since the chain last moved,
+    # the chain's next moves start from that best (True, the default) or from its own point, as annealing's do
+    gr, ev, kw, bases = _chain_start(monkeypatch)
     for jump in (True, False):
         s = Search(gr, ToyEvaluator(ev.target_ops), config=ReinforceConfig(seed=0, local_moves=8, local_jump=jump,
                                                                               **SMALL), **kw)
         s.run(60, max_updates=1)
-        s._chain, s._chain_c, s._chain_best = own.copy(), 50.0, 40.0      # where the chain was, the best it saw
-        s.elite_groups, s.elite_time = best.copy(), 30.0                   # a better sample of the policy since
-        bases.clear()
-        s._local_moves()
-        np.testing.assert_array_equal(bases[0], best if jump else own)
+        np.testing.assert_array_equal(_chain_base(s, bases), BEST if jump else OWN)
 
 
 def test_the_chain_jumps_only_once_local_jump_after_of_the_budget_is_spent(monkeypatch):
     # ReinforceConfig.local_jump_after: before that share of the budget the chain keeps its own point (as with
     # local_jump off), from then on it jumps to the policy's new bests
-    import placer.rl.search as search_mod
-
-    gr, ev = _setup(G=8, seed=6)
-    kw = dict(cpu_index=CPU, baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)}, progress=False)
-    real, bases = search_mod.neighbours, []
-    monkeypatch.setattr(search_mod, "neighbours", lambda g, *a, **k: (bases.append(np.array(g)), real(g, *a, **k))[1])
-    own = np.array([CPU, 1, 1, 1, 1, 1, 1, 1], np.int32)
-    best = np.array([CPU, 2, 2, 2, 2, 2, 2, 2], np.int32)
-    for progress, expect in ((0.3, own), (0.6, best)):
+    gr, ev, kw, bases = _chain_start(monkeypatch)
+    for progress, expect in ((0.3, OWN), (0.6, BEST)):
         s = Search(gr, ToyEvaluator(ev.target_ops), config=ReinforceConfig(seed=0, local_moves=8, local_jump_after=0.5,
                                                                               **SMALL), **kw)
         s.run(60, max_updates=1)
         monkeypatch.setattr(s, "_progress", lambda p=progress: p)
-        s._chain, s._chain_c, s._chain_best = own.copy(), 50.0, 40.0
-        s.elite_groups, s.elite_time = best.copy(), 30.0
-        bases.clear()
-        s._local_moves()
-        np.testing.assert_array_equal(bases[0], expect)
+        np.testing.assert_array_equal(_chain_base(s, bases), expect)
 
 
 def test_local_share_gives_the_chain_its_share_of_the_wall_time(monkeypatch):
