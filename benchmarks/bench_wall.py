@@ -94,13 +94,15 @@ def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_se
     return recs
 
 
-def table(tag: str, path: Path | None = None, methods: list[str] | None = None) -> str:
+def table(tag: str, path: Path | None = None, methods: list[str] | None = None,
+          cells: list[str] | None = None) -> str:
     """The markdown table of the records tagged `tag` (several: comma-separated, e.g. a table and the seeds
     added to it later): per cell and method, the mean (range) over the seeds, the mean's gap to annealing's mean
-    (over the seeds both ran), and the mean evaluations. `methods`: only these (default: all)."""
+    (over the seeds both ran), and the mean evaluations. `methods`: only these (default: all); `cells`: only these "model:cluster" cells."""
     tags = set(tag.split(","))
     recs = [json.loads(x) for x in open(path or RESULTS / "bench_wall.jsonl") if x.strip()]
-    recs = [r for r in recs if r.get("tag") in tags and (methods is None or r["method"] in methods + ["anneal"])]
+    recs = [r for r in recs if r.get("tag") in tags and (methods is None or r["method"] in methods + ["anneal"])
+            and (cells is None or f"{r['model']}:{r['cluster']}" in cells)]
     cells = list(dict.fromkeys((r["model"], r["cluster"]) for r in recs))
     methods = [m for m in dict.fromkeys(r["method"] for r in recs) if m != "anneal"]
     head = "| model | cluster | seeds | anneal (s) | " + " | ".join(f"{m} (s) | {m} vs anneal" for m in methods) + \
@@ -145,9 +147,11 @@ def main(argv=None) -> int:
     ap.add_argument("--table", metavar="TAG[,TAG...]",
                     help="print the markdown table of the records with these tags and exit")
     ap.add_argument("--methods", metavar="M[,M...]", help="with --table: only these methods (and annealing)")
+    ap.add_argument("--cells", metavar="MODEL:CLUSTER[,...]", help="with --table: only these cells")
     a = ap.parse_args(argv)
     if a.table:
-        print(table(a.table, methods=a.methods.split(",") if a.methods else None))
+        print(table(a.table, methods=a.methods.split(",") if a.methods else None,
+                    cells=a.cells.split(",") if a.cells else None))
         return 0
     run(a.model, a.cluster, a.size, a.seconds, a.seed, a.first_seed, a.seeds, json.loads(a.configs), a.tag,
         with_anneal=not a.no_anneal)

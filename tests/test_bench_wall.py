@@ -37,3 +37,6 @@ def test_table_joins_tags_filters_methods_and_gives_the_gap_of_the_means(bench_w
     row = bench_wall.table("a", path=path, methods=["local"]).splitlines()[3]
     cols = [c.strip() for c in row.strip("|").split("|")]
     assert cols[0] == "rnnlm" and cols[4:6] == ["-", "-"] and cols[6] == "100 / -"
+    # --cells keeps only the cells named
+    only = bench_wall.table("a", path=path, methods=["local"], cells=["rnnlm:4xK80"]).splitlines()
+    assert len(only) == 3 and only[2].startswith("| rnnlm | 4xK80 |")
