@@ -50,17 +50,17 @@ def _emit(rec: dict) -> None:
 
 
 def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_seed: int, seeds: int,
-        configs: dict[str, dict], tag: str = "", with_anneal: bool = True) -> list[dict]:
+        configs: dict[str, dict], tag: str = "", with_anneal: bool = True, precision: str = "fp32") -> list[dict]:
     from placer.baselines.anneal import AnnealConfig, anneal
     from placer.graphs.models import build_model
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
     from placer.search import search
 
-    problem = build_problem(build_model(model, size), cluster, seed=seed)
+    problem = build_problem(build_model(model, size, precision=precision), cluster, seed=seed)
     methods = (["anneal"] if with_anneal else []) + list(configs)
     base = {"bench": "wall", "model": model, "cluster": cluster, "size": size, "seconds": seconds,
-            "problem_seed": seed, "tag": tag}
+            "problem_seed": seed, "tag": tag, **({"precision": precision} if precision != "fp32" else {})}
     recs: list[dict] = []
     try:
         for s in range(first_seed, first_seed + max(1, seeds)):
@@ -102,7 +102,10 @@ def table(tag: str, path: Path | None = None, methods: list[str] | None = None,
     tags = set(tag.split(","))
     recs = [json.loads(x) for x in open(path or RESULTS / "bench_wall.jsonl") if x.strip()]
     recs = [r for r in recs if r.get("tag") in tags and (methods is None or r["method"] in methods + ["anneal"])
-            and (cells is None or f"{r['model']}:{r['cluster']}" in cells)]
+            and (cells is None or f"{r['model']}:{r['cluster']}" in cells
+                 or f"{r['model']}:{r['cluster']}:{r.get('precision')}" in cells)]
+    for r in recs:         # a precision other than fp32 is part of the cluster column
+        r["cluster"] += f":{r['precision']}" if r.get("precision", "fp32") != "fp32" else ""
     cells = list(dict.fromkeys((r["model"], r["cluster"]) for r in recs))
     methods = [m for m in dict.fromkeys(r["method"] for r in recs) if m != "anneal"]
     head = "| model | cluster | seeds | anneal (s) | " + " | ".join(f"{m} (s) | {m} vs anneal" for m in methods) + \
@@ -141,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--configs", metavar="JSON", default='{"default": {}}',
                     help="name → ReinforceConfig overrides, one search per entry and seed (a JSON object)")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
+                    help="build the model in this precision (e.g. clip --cluster DGX1 --precision fp16)")
     ap.add_argument("--tag", default="", help="a label copied into every record")
     ap.add_argument("--no-anneal", action="store_true",
                     help="only the --configs searches (more methods for a tag whose annealing runs are recorded)")
@@ -154,7 +159,7 @@ def main(argv=None) -> int:
                     cells=a.cells.split(",") if a.cells else None))
         return 0
     run(a.model, a.cluster, a.size, a.seconds, a.seed, a.first_seed, a.seeds, json.loads(a.configs), a.tag,
-        with_anneal=not a.no_anneal)
+        with_anneal=not a.no_anneal, precision=a.precision)
     return 0
 
 

@@ -40,3 +40,8 @@ def test_table_joins_tags_filters_methods_and_gives_the_gap_of_the_means(bench_w
     # --cells keeps only the cells named
     only = bench_wall.table("a", path=path, methods=["local"], cells=["rnnlm:4xK80"]).splitlines()
     assert len(only) == 3 and only[2].startswith("| rnnlm | 4xK80 |")
+    # a precision other than fp32 is part of the cluster column (and of --cells' names)
+    path.write_text(json.dumps(dict(_rec("a", "anneal", 0, 1.0, model="clip", cluster="DGX1"), precision="fp16"))
+                    + "\n")
+    row = bench_wall.table("a", path=path, cells=["clip:DGX1:fp16"]).splitlines()[2]
+    assert row.startswith("| clip | DGX1:fp16 |")
