@@ -98,7 +98,8 @@ def table(tag: str, path: Path | None = None, methods: list[str] | None = None,
           cells: list[str] | None = None) -> str:
     """The markdown table of the records tagged `tag` (several: comma-separated, e.g. a table and the seeds
     added to it later): per cell and method, the mean (range) over the seeds, the mean's gap to annealing's mean
-    (over the seeds both ran), and the mean evaluations. `methods`: only these (default: all); `cells`: only these "model:cluster" cells."""
+    (over the seeds both ran), and the mean evaluations. `methods`: only these (default: all); `cells`: only
+    these "model:cluster" cells (a precision other than fp32 may be named: "clip:DGX1:fp16")."""
     tags = set(tag.split(","))
     recs = [json.loads(x) for x in open(path or RESULTS / "bench_wall.jsonl") if x.strip()]
     recs = [r for r in recs if r.get("tag") in tags and (methods is None or r["method"] in methods + ["anneal"])

@@ -729,13 +729,13 @@ class Search:
         geometrically from T0 (a median worsening move of the first batch accepted with probability
         `local_accept0`) to `local_t_final` over the search's budget (wall seconds or `max_evaluations`). When the
         policy has sampled a new best of the run since the chain's last moves, the chain jumps to it (a worse
-        point the chain accepted is kept otherwise, as in annealing; with `local_jump` off it never jumps, and before
-        `local_jump_after` of the budget is spent it does not jump yet): the
-        policy proposes, the chain refines, and the chain's improvements become the run's best, which the elite
-        step fits. With `local_share` > 0 the chain goes on past `local_moves` until its moves have taken that
-        share of the search's wall time so far (or the wall budget is spent). At most `limit` evaluations (what
-        is left of `max_evaluations`), through `evaluate_groups` (with the cache, placements evaluated before are
-        looked up). Returns (the search's best improved, the run's best improved)."""
+        point the chain accepted is kept otherwise, as in annealing; with `local_jump` off it never jumps, and
+        before `local_jump_after` of the budget is spent it does not jump yet): the policy proposes, the chain
+        refines, and the chain's improvements become the run's best, which the elite step fits. With
+        `local_share` > 0 the chain goes on past `local_moves` until its moves have taken that share of the
+        search's wall time so far (or the wall budget is spent). At most `limit` evaluations (what is left of
+        `max_evaluations`), through `evaluate_groups` (with the cache, placements evaluated before are looked
+        up). Returns (the search's best improved, the run's best improved)."""
         cfg = self.config
         n = cfg.local_moves if limit is None else min(cfg.local_moves, limit)
         if n <= 0 or self.elite_groups is None or not np.isfinite(self.elite_time):
@@ -756,7 +756,7 @@ class Search:
                 return 0
             return cfg.local_batch if limit is None else min(cfg.local_batch, limit - drawn)
         if self._chain is None or (cfg.local_jump and self.elite_time < self._chain_best      # a new best: jump
-                                   and (cfg.local_jump_after <= 0 or self._progress() >= cfg.local_jump_after)):
+                                   and self._progress() >= cfg.local_jump_after):
             self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
             self._local_seen.add(group_key(self._chain))
         if len(self._local_seen) > LOCAL_SEEN_MAX:
