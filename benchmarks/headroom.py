@@ -21,6 +21,8 @@ Reads only recorded runs (all simulated):
   * the policy's 300 s searches of the K80 table: `search_best_s` in results/results.json;
   * the 120 s equal-wall cells in results/wall120/*results.json (`placer bench ... --budget 120`, annealing on):
     the policy's `search_best_s` and annealing's `anneal_s`;
+  * the other `placer bench` tables, results/*/results.json (e.g. k80_local, k80_attract: 300 s searches with
+    later settings): their K80 cells' `search_best_s` and `anneal_s`, counted in "best known" only;
   * every equal-wall run of results/bench_wall.jsonl (`bench_wall.py`, any tag: annealing and the search, several
     seeds; `best_s`), counted in "best known" only;
   * every policy run at 1,000 evaluations in results/bench_anneal.jsonl (`policy_s_seeds`).
@@ -56,6 +58,7 @@ def table(policy_config: dict | None = None, anneal_block: str = "linked", since
     tune = _lines(RESULTS / "bench_anneal_tune.jsonl")
     bench = json.loads((RESULTS / "results.json").read_text()) if (RESULTS / "results.json").exists() else []
     wall = [c for f in sorted((RESULTS / "wall120").glob("*results.json")) for c in json.loads(f.read_text())]
+    others = [c for f in sorted(RESULTS.glob("*/results.json")) for c in json.loads(f.read_text())]
     wall_runs = [r for r in _lines(RESULTS / "bench_wall.jsonl") if r.get("bench") == "wall"
                  and r.get("best_s") is not None and r.get("size", "full") == "full" and r.get("problem_seed", 0) == 0]
     rows = []
@@ -77,7 +80,9 @@ def table(policy_config: dict | None = None, anneal_block: str = "linked", since
         if ann is None:
             continue
         seeds_wall = [r["best_s"] for r in wall_runs if r["model"] == model and r["cluster"] == cluster]
-        found = [v for v in [*ann, *long, *b300, *pol, *wall_ann, *wall_pol, *seeds_wall] if v is not None]
+        tables = [c.get(k) for c in others if c["model"] == model and c["gpus"] == gpus and c["kind"] == "K80"
+                  for k in ("search_best_s", "anneal_s")]
+        found = [v for v in [*ann, *long, *b300, *pol, *wall_ann, *wall_pol, *seeds_wall, *tables] if v is not None]
         best = min(found)
         mean = statistics.mean(ann)
         row = {"model": model, "gpus": gpus, "anneal_1000_mean_s": mean, "anneal_20000_s": long,

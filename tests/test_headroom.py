@@ -1,0 +1,20 @@
+"""benchmarks/headroom.py: "best known" counts every recorded `placer bench` table, not only results/results.json."""
+import json
+
+
+def test_best_known_reads_the_other_bench_tables(benchmark_script, tmp_path, monkeypatch):
+    mod = benchmark_script("headroom")
+    ann = {"bench": "anneal_vs_policy", "model": "rnnlm", "cluster": "4xK80", "evaluations": 1000,
+           "anneal_s_seeds": [0.40, 0.40, 0.40, 0.40, 0.40], "anneal_config": {"block": "linked", "attract_prob": 0.2}}
+    (tmp_path / "bench_anneal.jsonl").write_text(json.dumps(ann) + "\n")
+    cell = {"model": "rnnlm", "gpus": 4, "kind": "K80"}
+    (tmp_path / "results.json").write_text(json.dumps([{**cell, "search_best_s": 0.36}]))
+    (tmp_path / "k80_later").mkdir()
+    (tmp_path / "k80_later" / "results.json").write_text(json.dumps([{**cell, "search_best_s": 0.32, "anneal_s": 0.33},
+                                                                      {**cell, "gpus": 2, "search_best_s": 0.01}]))
+    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+
+    [row] = mod.table(anneal_attract=0.2)
+    assert row["policy_300s_s"] == 0.36                     # the column stays the main table's
+    assert row["best_known_s"] == 0.32                      # best known: the later table's search (not 2 GPUs' cell)
+    assert abs(row["ceiling_pct"] - 20.0) < 1e-9
