@@ -55,7 +55,7 @@ def _emit(rec: dict, name: str = "bench_anneal.jsonl") -> None:
 def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal_seeds: int,
         policy_budget: float, policy_config: dict | None = None, policy_seeds: int = 1,
         policy: str | None = None, first_policy_seed: int | None = None) -> list[dict]:
-    from placer.baselines.anneal import AnnealConfig, anneal
+    from placer.baselines.anneal import anneal
     from placer.bench import best_baseline, best_within, policy_curve
     from placer.graphs.models import build_model
     from placer.problem import build_problem
@@ -102,7 +102,7 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
                "anneal_wall_s": statistics.mean(r.wall_s for r in runs),
                "policy_evaluations": res.evaluations, "policy_wall_s": policy_wall, "policy_seed": p0,
                "anneal_seeds": [seed + i for i in range(anneal_seeds)], "problem_build_s": build_s,
-               "anneal_config": AnnealConfig().to_dict(), "simulated": True}
+               "anneal_config": runs[0].config, "simulated": True}
         _emit(rec)
         recs.append(rec)
     return recs
@@ -129,7 +129,7 @@ def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds
                        "settings": over, "mean_s": statistics.mean(vals),
                        "stdev_s": statistics.stdev(vals) if len(vals) > 1 else 0.0, "values_s": vals,
                        "start": runs[0].start, "start_s": runs[0].start_s,
-                       "wall_s": statistics.mean(r.wall_s for r in runs), "config": cfg.to_dict(),
+                       "wall_s": statistics.mean(r.wall_s for r in runs), "config": runs[0].config,
                        "seeds": [s0 + i for i in range(seeds)], "problem_seed": seed, "simulated": True,
                        **({"precision": precision} if precision != "fp32" else {})}, "bench_anneal_tune.jsonl")
     finally:
@@ -139,14 +139,21 @@ def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds
 def tune_table(date: str, evals: int) -> None:
     from placer.baselines.anneal import AnnealConfig
 
+    from placer.grouped import auto_merge_prob
+    from placer.sim.cluster import parse_cluster
+
     default = AnnealConfig().to_dict()
     recs = [json.loads(x) for x in (RESULTS / "bench_anneal_tune.jsonl").read_text().splitlines() if x.strip()]
     recs = [r for r in recs if r.get("date", "").startswith(date) and r["evaluations"] == evals]
 
     def setting(r):   # what differs from today's default (records before `block` existed made "run" blocks,
-        # before `attract_prob` and `merge_prob` none of those moves)
+        # before `attract_prob` and `merge_prob` none of those moves); merges' default share follows the cluster's
+        # accelerators (records hold the share their runs used)
         cfg = {"block": "run", "attract_prob": 0.0, "merge_prob": 0.0, **r["config"]}
-        return json.dumps({k: v for k, v in cfg.items() if default.get(k) != v}, sort_keys=True)
+        c = parse_cluster(r["cluster"])
+        accelerators = c.num_devices - (c.cpu_index is not None)
+        ref = {**default, "merge_prob": auto_merge_prob(default["merge_prob"], accelerators)}
+        return json.dumps({k: v for k, v in cfg.items() if ref.get(k) != v}, sort_keys=True)
 
     def cell(r):      # a precision other than fp32 is part of the cluster column
         return r["model"], r["cluster"] + (f":{r['precision']}" if r.get("precision", "fp32") != "fp32" else "")

@@ -51,7 +51,7 @@ def _emit(rec: dict) -> None:
 
 def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_seed: int, seeds: int,
         configs: dict[str, dict], tag: str = "", with_anneal: bool = True, precision: str = "fp32") -> list[dict]:
-    from placer.baselines.anneal import AnnealConfig, anneal
+    from placer.baselines.anneal import anneal
     from placer.graphs.models import build_model
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
@@ -70,13 +70,14 @@ def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_se
                 if m == "anneal":
                     r = anneal(problem, budget_seconds=seconds, seed=s)
                     rec = dict(base, method=m, seed=s, best_s=r.step_time, evaluations=r.evaluations,
-                               wall_s=time.perf_counter() - t0, config=AnnealConfig().to_dict())
+                               wall_s=time.perf_counter() - t0, config=r.config)
                 else:
                     cfg = ReinforceConfig(**{**configs[m], "seed": s})
                     r = search(problem, budget_seconds=seconds, seed=s, config=cfg, remeasure=False)
                     rec = dict(base, method=m, seed=s, best_s=r.search_best, evaluations=r.evaluations,
                                updates=len(r.history), wall_s=time.perf_counter() - t0, overrides=configs[m],
-                               local_moves=r.extra.get("local_moves"))
+                               local_moves=r.extra.get("local_moves"),
+                               local_merge_prob=r.extra.get("config", {}).get("local_merge_prob"))
                 _emit(rec)
                 recs.append(rec)
     finally:

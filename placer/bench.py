@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError, SearchError
+from placer.grouped import auto_merge_prob
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +82,27 @@ class CellSettings:
             k["local_moves"] = int(cfg.local_moves)
             if cfg.local_share:  # ...and before the chain's share of the wall time (2026-12-05) none
                 k["local_share"] = float(cfg.local_share)
-            for name in ("local_attract_prob", "local_merge_prob"):   # ...nor attractions, merges (2026-12-06)
-                if getattr(cfg, name):
-                    k[name] = float(getattr(cfg, name))
+            merge = auto_merge_prob(cfg.local_merge_prob, self.accelerators)
+            for name, v in (("local_attract_prob", cfg.local_attract_prob), ("local_merge_prob", merge)):
+                if v:                                            # ...nor attractions, merges (2026-12-06)
+                    k[name] = float(v)
         if self.anneal:
             from placer.baselines.anneal import AnnealConfig
 
             a = AnnealConfig()
-            for name in ("attract_prob", "merge_prob"):
-                if getattr(a, name):
-                    k[f"anneal_{name}"] = float(getattr(a, name))
+            for name, v in (("attract_prob", a.attract_prob),
+                            ("merge_prob", auto_merge_prob(a.merge_prob, self.accelerators))):
+                if v:
+                    k[f"anneal_{name}"] = float(v)
         return k
+
+    @property
+    def accelerators(self) -> int:
+        """The cell's devices other than the host CPU (merge moves' share follows it: auto_merge_prob)."""
+        from placer.sim.cluster import parse_cluster
+
+        c = parse_cluster(self.spec)
+        return c.num_devices - (c.cpu_index is not None)
 
     @property
     def spec(self) -> str:

@@ -22,6 +22,10 @@ import numpy as np
 
 # the failure charge's reference: the single-device step time (simulated even when it runs out of memory)
 FAILURE_REFERENCE_BASELINES = ("single_gpu", "single", "single_cpu")
+# merge moves (`neighbours`), when their share is left to the device count ("auto", None): this share on
+# clusters of at least MERGE_ACCELERATORS accelerators, none on smaller ones (RESULTS.md "Merges by device count")
+AUTO_MERGE_PROB = 0.05
+MERGE_ACCELERATORS = 8
 
 
 def group_majority(op_devices: np.ndarray, op_group: np.ndarray, num_groups: int, num_devices: int) -> np.ndarray:
@@ -222,6 +226,19 @@ def accept0_error(accept0: float, name: str = "accept0") -> str | None:
         return None
     return (f"{name} (the probability of accepting a median worsening move at the start) must be between 0 and 1, "
             f"exclusive: got {accept0}")
+
+
+def auto_merge_prob(merge_prob: float | None, accelerators: int) -> float:
+    """The share of merge moves for a cluster of `accelerators` devices other than the host CPU: `merge_prob`
+    when given; when None ("auto", the default of `AnnealConfig.merge_prob` and `ReinforceConfig.local_merge_prob`)
+    AUTO_MERGE_PROB from MERGE_ACCELERATORS accelerators on, else 0.
+
+    >>> auto_merge_prob(None, 4), auto_merge_prob(None, 8), auto_merge_prob(0.0, 8), auto_merge_prob(0.2, 2)
+    (0.0, 0.05, 0.0, 0.2)
+    """
+    if merge_prob is not None:
+        return float(merge_prob)
+    return AUTO_MERGE_PROB if accelerators >= MERGE_ACCELERATORS else 0.0
 
 
 def move_shares_error(merge_prob: float, attract_prob: float, prefix: str = "") -> str | None:

@@ -345,3 +345,44 @@ def test_anneal_with_merges_and_attractions_keeps_allowed_devices_and_counts():
         Search(gr, ev, cpu_index=CPU, allowed=allowed, config=ReinforceConfig(local_attract_prob=-0.1),
                progress=False, tensorboard=False)
     assert len(ev.batches) == n
+
+
+@pytest.mark.parametrize("gpus, share", [(3, 0.0), (8, 0.05)])
+def test_merge_moves_by_default_follow_the_accelerator_count(gpus, share, monkeypatch):
+    """merge_prob None (the default, "auto"): merge moves from 8 accelerators on (placer.grouped.auto_merge_prob),
+    none below. The annealer's and the search chain's neighbours are drawn with that share, both record it, and a
+    share given explicitly wins."""
+    import placer.baselines.anneal as anneal_mod
+    import placer.rl.search as search_mod
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+
+    shares = []
+    for mod in (anneal_mod, search_mod):
+        real = mod.neighbours
+        monkeypatch.setattr(mod, "neighbours", lambda *a, _real=real, **k: (shares.append(k["merge_prob"]),
+                                                                            _real(*a, **k))[1])
+    G, cpu = 8, gpus
+    gr = _grouping(G)
+    allowed = np.ones((G, gpus + 1), bool)
+    allowed[:, cpu] = False
+    ev = ToyEvaluator(gr.expand(np.arange(G) % gpus, cpu))
+    ev.devices = [f"/GPU:{i}" for i in range(gpus)] + ["/CPU:0"]
+    prob = SimpleNamespace(grouping=gr, allowed=allowed, baselines={"single_gpu": gr.expand(np.zeros(G, int), cpu)},
+                           cluster=SimpleNamespace(cpu_index=cpu, devices=[SimpleNamespace(capacity_bytes=10**9)]
+                                                   * (gpus + 1)), simulator=ev)
+    r = anneal(prob, max_evaluations=60, seed=0)
+    assert r.config["merge_prob"] == share and shares and set(shares) == {share}
+    shares.clear()
+    assert anneal(prob, max_evaluations=60, config=AnnealConfig(merge_prob=0.2)).config["merge_prob"] == 0.2
+    assert set(shares) == {0.2}
+
+    shares.clear()
+    s = Search(gr, ev, cpu_index=cpu, allowed=allowed, baselines=prob.baselines, progress=False, tensorboard=False,
+               config=ReinforceConfig(seed=0, local_moves=8, hidden_size=32, attn_size=16))
+    assert s.config.local_merge_prob == share
+    s.run(60, max_updates=1)
+    assert shares and set(shares) == {share}
+    given = Search(gr, ev, cpu_index=cpu, allowed=allowed, progress=False, tensorboard=False,
+                   config=ReinforceConfig(seed=0, local_merge_prob=0.0))
+    assert given.config.local_merge_prob == 0.0

@@ -2,12 +2,18 @@
 import json
 
 
-def _rec(settings, seeds, values, date="2026-12-06 03:00:00", model="clip", cluster="DGX1", evals=25000):
+def _rec(settings, seeds, values, date="2026-12-06 03:00:00", model="clip", cluster="DGX1", evals=25000,
+         precision="fp16"):
+    """A record as `tune` writes it: the config the runs used (merges' share resolved for the cluster)."""
     from placer.baselines.anneal import AnnealConfig
+    from placer.grouped import auto_merge_prob
+    from placer.sim.cluster import parse_cluster
 
+    c = parse_cluster(cluster)
+    cfg = AnnealConfig(**settings).to_dict()
+    cfg["merge_prob"] = auto_merge_prob(cfg["merge_prob"], c.num_devices - (c.cpu_index is not None))
     return {"bench": "anneal_tune", "model": model, "cluster": cluster, "evaluations": evals, "date": date,
-            "settings": settings, "config": AnnealConfig(**settings).to_dict(), "seeds": seeds,
-            "values_s": values, "precision": "fp16"}
+            "settings": settings, "config": cfg, "seeds": seeds, "values_s": values, "precision": precision}
 
 
 def test_tune_table_pools_seeds_of_one_setting_and_a_rerun_seed_keeps_its_latest_value(benchmark_script, tmp_path,
@@ -30,3 +36,28 @@ def test_tune_table_pools_seeds_of_one_setting_and_a_rerun_seed_keeps_its_latest
     assert cols[:3] == ["clip", "DGX1:fp16", "2/4"]            # 4 seeds of the default, 2 of the other
     assert cols[3] == "3.0000 (1.000-6.000)"                  # seeds 0-3 pooled: mean of 1, 2, 3, 6
     assert cols[4] == "6.0000 (4.000-8.000)"                  # seed 0: 4, seed 1: 8 (not 4)
+
+
+def test_tune_table_names_merges_against_the_default_of_the_cells_device_count(benchmark_script, tmp_path,
+                                                                              monkeypatch, capsys):
+    """Merges' default share follows the device count (0.05 from 8 accelerators on, else 0): on 4 K80s a run
+    without merges is the default, on 8 V100s it is the setting {"merge_prob": 0.0} and a run with 0.05 the
+    default; records from before the share was automatic (no key, or 0.0) read the same way."""
+    mod = benchmark_script("bench_anneal")
+    old = _rec({}, [1], [5.0], model="nmt", cluster="4xK80", precision="fp32")
+    del old["config"]["merge_prob"]                          # a record from before merges existed
+    recs = [_rec({}, [0], [1.0], model="nmt", cluster="4xK80", precision="fp32"), old,
+            _rec({"merge_prob": 0.0}, [0], [2.0]),            # DGX1 without merges
+            _rec({}, [1], [3.0])]                             # DGX1 with the default: 0.05
+    assert recs[3]["config"]["merge_prob"] == 0.05 and recs[0]["config"]["merge_prob"] == 0.0
+    (tmp_path / "bench_anneal_tune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+
+    mod.tune_table("2026-12-06", 25000)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and lines[0].count("|") == 6     # model, cluster, seeds, two settings
+    assert "default" in lines[0] and '{"merge_prob": 0.0}' in lines[0]
+    cols = [[c.strip() for c in x.strip("|").split("|")] for x in lines[2:]]
+    rows = {tuple(c[:2]): c[3:] for c in cols}
+    assert rows[("nmt", "4xK80")] == ["3.0000 (1.000-5.000)", "n/a"]  # seeds 0 and 1
+    assert rows[("clip", "DGX1:fp16")] == ["3.0000 (3.000-3.000)", "2.0000 (2.000-2.000)"]

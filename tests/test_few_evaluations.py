@@ -137,6 +137,12 @@ def test_bench_cells_record_their_local_moves():
     off = CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0, local_moves=0)
     assert "local_moves" not in off.key() and "local_share" not in off.key()
     assert CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0, local_moves=32).key()["local_moves"] == 32
+    # ...nor a cell of 8 accelerators searched or annealed before merges were their default there (2026-12-06):
+    # the key holds the share used; on fewer accelerators it is 0, so older cells keep their keys
+    assert not {"local_merge_prob", "anneal_merge_prob"} & set(cell.key())
+    dgx = CellSettings("clip", 8, "V100", "full", "sim", 120.0, 0, cluster="DGX1", precision="fp16").key()
+    assert dgx["local_merge_prob"] == dgx["anneal_merge_prob"] == 0.05
+    assert CellSettings("nmt", 8, "K80", "full", "sim", 120.0, 0).key()["local_merge_prob"] == 0.05
 
 
 def test_bench_rejects_negative_local_moves(tmp_path, capsys):

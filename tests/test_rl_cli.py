@@ -38,7 +38,9 @@ def test_search_cli_files_summary_and_resume(tmp_path, capsys):
     assert rc == 0
     s2 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert s2["updates"] == 5 and s2["step_time_s"] <= s["step_time_s"]
-    local = json.loads((out / "checkpoint" / "state.json").read_text())["config"]["local_moves"]
+    cfg = json.loads((out / "checkpoint" / "state.json").read_text())["config"]
+    local = cfg["local_moves"]
+    assert cfg["local_merge_prob"] == 0.0                     # merges: none by default on 4 accelerators
     assert local > 0 and s2["local_moves"]["evaluations"] > s["local_moves"]["evaluations"] > 0   # sim: local moves
     # two more updates of 16 samples, and the chain's moves (at least `local_moves` each; more for its share of
     # the wall time, `local_share`)
@@ -55,6 +57,12 @@ def test_search_cli_bad_input(tmp_path, capsys):
     assert "budget must be positive" in capsys.readouterr().err
     assert main(base + ["--cluster", "4xK80", "--local-moves", "-1", "--out", str(tmp_path / "b")]) == 2
     assert "--local-moves must be 0 or more, got -1" in capsys.readouterr().err
+    assert main(base + ["--cluster", "4xK80", "--merge-share", "0.9", "--out", str(tmp_path / "m")]) == 2
+    assert "--merge-share must be between 0 and 0.8 (the chain's moves left after its attraction moves), got 0.9" \
+        in capsys.readouterr().err
+    assert main(base + ["--cluster", "4xK80", "--merge-share", "0.1", "--max-updates", "1", "--out",
+                        str(tmp_path / "m")]) == 0
+    assert json.loads((tmp_path / "m" / "checkpoint" / "state.json").read_text())["config"]["local_merge_prob"] == 0.1
     assert main(["search", "--resume", str(tmp_path / "nothing")]) == 2
     assert "not a search directory" in capsys.readouterr().err
     # one device: returns at once with the only placement there is

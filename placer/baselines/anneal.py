@@ -43,14 +43,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from placer.errors import PlacementError
-from placer.grouped import (accept0_error, accept_move, charged_step_times, failure_reference, group_key,
-                            grouped_baselines, initial_temperature, move_shares_error, neighbours)
+from placer.grouped import (accept0_error, accept_move, auto_merge_prob, charged_step_times, failure_reference,
+                            group_key, grouped_baselines, initial_temperature, move_shares_error, neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,9 @@ class AnnealConfig:
     block: str = "linked"         # "linked": a block grown by the grouping's links; "run": a run in group order
     attract_prob: float = 0.2     # share of attraction moves (a group to a device its links pull it to); 0.2:
                                   # better in 6 of the 8 K80 cells, mean -1.1% (RESULTS.md "Attraction moves")
-    merge_prob: float = 0.0       # share of merge moves (a device's groups all to another); 0.05 with attraction:
-                                  # K80 cells -0.4% (worse than attraction alone), clip on DGX1 -1.2% (8 seeds;
-                                  # -2.8% against attraction alone); both against neither (ibid.)
+    merge_prob: float | None = None  # share of merge moves (a device's groups all to another); None: by the
+                                  # device count (placer.grouped.auto_merge_prob: 0.05 from 8 accelerators on,
+                                  # else 0; RESULTS.md "Merges by device count"); the result's config records it
     accept0: float = 0.3          # at T0 a median worsening move of the first batch is accepted with this probability
     t_final: float = 1e-4         # final temperature, in relative step-time change (1e-3, 1e-5 no better)
     restarts: int = 0             # reheats from the best so far, the budget split into restarts + 1 schedules
@@ -116,6 +116,9 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
     True
     """
     cfg = config or AnnealConfig()
+    if cfg.merge_prob is None:         # "auto": by the number of accelerators (devices but the host CPU)
+        accelerators = len(problem.cluster.devices) - (problem.cluster.cpu_index is not None)
+        cfg = replace(cfg, merge_prob=auto_merge_prob(None, accelerators))
     if max_evaluations is None and budget_seconds is None:
         raise PlacementError("anneal needs a budget: max_evaluations or budget_seconds")
     if cfg.rule not in ("greedy", "metropolis"):

@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-moves", type=int, metavar="N",
                    help="evaluations of an annealing chain's moves between policy updates (default: 128 with "
                         "--reward sim, 8 with measure; 0 = the policy alone)")
+    p.add_argument("--merge-share", type=float, metavar="P",
+                   help="share of the chain's moves that merge all of a device's groups into another device "
+                        "(default: 0.05 from 8 accelerators on, else 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _json_flag(p)
 

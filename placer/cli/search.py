@@ -68,6 +68,12 @@ def run_search(args) -> int:
                           "evaluate the baselines)")
     if getattr(args, "local_moves", None) is not None and args.local_moves < 0:
         raise SearchError(f"--local-moves must be 0 or more, got {args.local_moves}")
+    from placer.rl.reinforce import ReinforceConfig
+
+    merge, top = getattr(args, "merge_share", None), 1.0 - ReinforceConfig().local_attract_prob
+    if merge is not None and not 0.0 <= merge <= top:
+        raise SearchError(f"--merge-share must be between 0 and {top:g} (the chain's moves left after its "
+                          f"attraction moves), got {merge}")
     out = Path(args.out)
     if not resume:
         if (out / "checkpoint").exists():
@@ -99,10 +105,10 @@ def run_search(args) -> int:
                                        warmup=int(getattr(args, "warmup", 2) or 0), runs=int(getattr(args, "runs", 5) or 1),
                                        timeout=float(getattr(args, "timeout", 600.0) or 600.0))
         config = None
-        if getattr(args, "local_moves", None) is not None and not resume:
-            from placer.rl.reinforce import ReinforceConfig
-
-            config = ReinforceConfig.for_reward(args.reward, seed=int(args.seed or 0), local_moves=int(args.local_moves))
+        overrides = {**({} if getattr(args, "local_moves", None) is None else {"local_moves": int(args.local_moves)}),
+                     **({} if merge is None else {"local_merge_prob": float(merge)})}
+        if overrides and not resume:
+            config = ReinforceConfig.for_reward(args.reward, seed=int(args.seed or 0), **overrides)
         search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0), config=config,
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,
                resume=resume, remeasure=getattr(args, "remeasure", True) is not False,

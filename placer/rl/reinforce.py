@@ -99,7 +99,9 @@ class ReinforceConfig:
     local_t_final: float = 1e-4      # AnnealConfig.t_final, reached at the end of the search's budget
     local_block: str = "linked"      # AnnealConfig.block: blocks grown by the grouping's links ("run": in group order)
     local_attract_prob: float = 0.2  # AnnealConfig.attract_prob: share of attraction moves (to where links pull)
-    local_merge_prob: float = 0.0    # AnnealConfig.merge_prob: share of merge moves (a device's groups to another)
+    local_merge_prob: float | None = None  # AnnealConfig.merge_prob: share of merge moves (a device's groups to
+    #                                  another); None: by the device count (placer.grouped.auto_merge_prob), the
+    #                                  Search's config then holds the share it uses
     local_jump: bool = True          # the chain jumps to each new best of the run the policy samples (False: it
     #                                  keeps its own point, as annealing does, and the policy's bests are only kept)
     local_jump_after: float = 0.0    # ...once this share of the search's budget is spent (0: from the start; the

@@ -35,15 +35,15 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as dc_replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from placer.errors import SearchError, fmt_bytes
-from placer.grouped import (accept0_error, accept_move, charged_step_times, failure_reference, first_copies,
-                            group_key, grouped_baselines, initial_temperature, move_shares_error,
+from placer.grouped import (accept0_error, accept_move, auto_merge_prob, charged_step_times, failure_reference,
+                            first_copies, group_key, grouped_baselines, initial_temperature, move_shares_error,
                             neighbours)
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,9 @@ class Search:
         from placer.rl.reinforce import ReinforceConfig
 
         self.config = config or ReinforceConfig(seed=self.seed)
+        if self.config.local_merge_prob is None:      # "auto": by the number of accelerators (devices but the CPU)
+            self.config = dc_replace(self.config,
+                                     local_merge_prob=auto_merge_prob(None, D - (cpu_index is not None)))
         for name in ("local_accept0", "zero_shot_refine_accept0"):     # before any work, not at the first move
             if (msg := accept0_error(getattr(self.config, name), f"ReinforceConfig.{name}")) is not None:
                 raise SearchError(msg)
@@ -523,8 +526,6 @@ class Search:
         """`config.baseline_rounds` interleaved rounds over the distinct baseline placements (a placement that
         several baselines give is evaluated once per round and shared); each gets the median of all its runs.
         A placement that failed is not evaluated again (a hang would cost its timeout once more)."""
-        from dataclasses import replace
-
         first = {n: names[j] for n, j in zip(names, first_copies([self.baseline_placements[n] for n in names]))}
         uniq = [n for n in names if first[n] == n]
         runs: dict[str, list[float]] = {n: [] for n in uniq}
@@ -540,7 +541,7 @@ class Search:
         out = {}
         for n in uniq:
             o = last[n]
-            out[n] = replace(o, step_time=float(np.median(runs[n])), runs=tuple(runs[n])) if o.ok and runs[n] else o
+            out[n] = dc_replace(o, step_time=float(np.median(runs[n])), runs=tuple(runs[n])) if o.ok and runs[n] else o
         return [out[first[n]] for n in names]
 
     def _grouped_baselines(self):
