@@ -145,15 +145,14 @@ def tune_table(date: str, evals: int) -> None:
     default = AnnealConfig().to_dict()
     recs = [json.loads(x) for x in (RESULTS / "bench_anneal_tune.jsonl").read_text().splitlines() if x.strip()]
     recs = [r for r in recs if r.get("date", "").startswith(date) and r["evaluations"] == evals]
+    # today's default per cluster: merges' share follows its accelerators (records hold the share they used)
+    refs = {name: {**default, "merge_prob": auto_merge_prob(default["merge_prob"], c.num_devices, c.cpu_index)}
+            for name, c in ((n, parse_cluster(n)) for n in {r["cluster"] for r in recs})}
 
     def setting(r):   # what differs from today's default (records before `block` existed made "run" blocks,
-        # before `attract_prob` and `merge_prob` none of those moves); merges' default share follows the cluster's
-        # accelerators (records hold the share their runs used)
+        # before `attract_prob` and `merge_prob` none of those moves)
         cfg = {"block": "run", "attract_prob": 0.0, "merge_prob": 0.0, **r["config"]}
-        c = parse_cluster(r["cluster"])
-        accelerators = c.num_devices - (c.cpu_index is not None)
-        ref = {**default, "merge_prob": auto_merge_prob(default["merge_prob"], accelerators)}
-        return json.dumps({k: v for k, v in cfg.items() if ref.get(k) != v}, sort_keys=True)
+        return json.dumps({k: v for k, v in cfg.items() if refs[r["cluster"]].get(k) != v}, sort_keys=True)
 
     def cell(r):      # a precision other than fp32 is part of the cluster column
         return r["model"], r["cluster"] + (f":{r['precision']}" if r.get("precision", "fp32") != "fp32" else "")

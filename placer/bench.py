@@ -77,12 +77,15 @@ class CellSettings:
             k.update(cluster=self.cluster, precision=self.precision)
         if self.split_groups:
             k["split_groups"] = self.split_groups
+        from placer.sim.cluster import parse_cluster
+
+        cluster = parse_cluster(self.spec)   # merges' default share follows its accelerators (auto_merge_prob)
         cfg = self.search_config()
         if cfg.local_moves:      # cells searched before local moves existed have none
             k["local_moves"] = int(cfg.local_moves)
             if cfg.local_share:  # ...and before the chain's share of the wall time (2026-12-05) none
                 k["local_share"] = float(cfg.local_share)
-            merge = auto_merge_prob(cfg.local_merge_prob, self.accelerators)
+            merge = auto_merge_prob(cfg.local_merge_prob, cluster.num_devices, cluster.cpu_index)
             for name, v in (("local_attract_prob", cfg.local_attract_prob), ("local_merge_prob", merge)):
                 if v:                                            # ...nor attractions, merges (2026-12-06)
                     k[name] = float(v)
@@ -91,18 +94,10 @@ class CellSettings:
 
             a = AnnealConfig()
             for name, v in (("attract_prob", a.attract_prob),
-                            ("merge_prob", auto_merge_prob(a.merge_prob, self.accelerators))):
+                            ("merge_prob", auto_merge_prob(a.merge_prob, cluster.num_devices, cluster.cpu_index))):
                 if v:
                     k[f"anneal_{name}"] = float(v)
         return k
-
-    @property
-    def accelerators(self) -> int:
-        """The cell's devices other than the host CPU (merge moves' share follows it: auto_merge_prob)."""
-        from placer.sim.cluster import parse_cluster
-
-        c = parse_cluster(self.spec)
-        return c.num_devices - (c.cpu_index is not None)
 
     @property
     def spec(self) -> str:

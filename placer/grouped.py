@@ -228,17 +228,17 @@ def accept0_error(accept0: float, name: str = "accept0") -> str | None:
             f"exclusive: got {accept0}")
 
 
-def auto_merge_prob(merge_prob: float | None, accelerators: int) -> float:
-    """The share of merge moves for a cluster of `accelerators` devices other than the host CPU: `merge_prob`
+def auto_merge_prob(merge_prob: float | None, num_devices: int, cpu_index: int | None) -> float:
+    """The share of merge moves on `num_devices` devices (the host CPU at `cpu_index`, if any): `merge_prob`
     when given; when None ("auto", the default of `AnnealConfig.merge_prob` and `ReinforceConfig.local_merge_prob`)
-    AUTO_MERGE_PROB from MERGE_ACCELERATORS accelerators on, else 0.
+    AUTO_MERGE_PROB from MERGE_ACCELERATORS accelerators (the devices but the host CPU) on, else 0.
 
-    >>> auto_merge_prob(None, 4), auto_merge_prob(None, 8), auto_merge_prob(0.0, 8), auto_merge_prob(0.2, 2)
+    >>> auto_merge_prob(None, 5, 4), auto_merge_prob(None, 9, 8), auto_merge_prob(0.0, 9, 8), auto_merge_prob(0.2, 3, 2)
     (0.0, 0.05, 0.0, 0.2)
     """
     if merge_prob is not None:
         return float(merge_prob)
-    return AUTO_MERGE_PROB if accelerators >= MERGE_ACCELERATORS else 0.0
+    return AUTO_MERGE_PROB if num_devices - (cpu_index is not None) >= MERGE_ACCELERATORS else 0.0
 
 
 def move_shares_error(merge_prob: float, attract_prob: float, prefix: str = "") -> str | None:

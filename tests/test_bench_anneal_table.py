@@ -11,7 +11,7 @@ def _rec(settings, seeds, values, date="2026-12-06 03:00:00", model="clip", clus
 
     c = parse_cluster(cluster)
     cfg = AnnealConfig(**settings).to_dict()
-    cfg["merge_prob"] = auto_merge_prob(cfg["merge_prob"], c.num_devices - (c.cpu_index is not None))
+    cfg["merge_prob"] = auto_merge_prob(cfg["merge_prob"], c.num_devices, c.cpu_index)
     return {"bench": "anneal_tune", "model": model, "cluster": cluster, "evaluations": evals, "date": date,
             "settings": settings, "config": cfg, "seeds": seeds, "values_s": values, "precision": precision}
 

@@ -116,9 +116,8 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
     True
     """
     cfg = config or AnnealConfig()
-    if cfg.merge_prob is None:         # "auto": by the number of accelerators (devices but the host CPU)
-        accelerators = len(problem.cluster.devices) - (problem.cluster.cpu_index is not None)
-        cfg = replace(cfg, merge_prob=auto_merge_prob(None, accelerators))
+    if cfg.merge_prob is None:         # "auto": by the number of accelerators
+        cfg = replace(cfg, merge_prob=auto_merge_prob(None, len(problem.cluster.devices), problem.cluster.cpu_index))
     if max_evaluations is None and budget_seconds is None:
         raise PlacementError("anneal needs a budget: max_evaluations or budget_seconds")
     if cfg.rule not in ("greedy", "metropolis"):

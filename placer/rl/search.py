@@ -178,9 +178,8 @@ class Search:
         from placer.rl.reinforce import ReinforceConfig
 
         self.config = config or ReinforceConfig(seed=self.seed)
-        if self.config.local_merge_prob is None:      # "auto": by the number of accelerators (devices but the CPU)
-            self.config = dc_replace(self.config,
-                                     local_merge_prob=auto_merge_prob(None, D - (cpu_index is not None)))
+        if self.config.local_merge_prob is None:      # "auto": by the number of accelerators
+            self.config = dc_replace(self.config, local_merge_prob=auto_merge_prob(None, D, cpu_index))
         for name in ("local_accept0", "zero_shot_refine_accept0"):     # before any work, not at the first move
             if (msg := accept0_error(getattr(self.config, name), f"ReinforceConfig.{name}")) is not None:
                 raise SearchError(msg)
