@@ -85,6 +85,9 @@ class CellSettings:
             k["local_moves"] = int(cfg.local_moves)
             if cfg.local_share:  # ...and before the chain's share of the wall time (2026-12-05) none
                 k["local_share"] = float(cfg.local_share)
+            if cfg.local_share_idle:   # ...nor a larger share while the policy brings no best (2026-12-06)
+                k["local_share_idle"] = float(cfg.local_share_idle)
+                k["local_share_patience"] = int(cfg.local_share_patience)
             merge = auto_merge_prob(cfg.local_merge_prob, cluster.num_devices, cluster.cpu_index)
             for name, v in (("local_attract_prob", cfg.local_attract_prob), ("local_merge_prob", merge)):
                 if v:                                            # ...nor attractions, merges (2026-12-06)

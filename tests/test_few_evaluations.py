@@ -128,6 +128,10 @@ def test_bench_cells_record_their_local_moves():
     # ...nor one searched before the chain had its share of the wall time
     assert cell.key()["local_share"] == CHEAP_EVALUATIONS["local_share"] > 0
     assert cell.search_config() == ReinforceConfig.for_reward("sim", seed=0)
+    # ...nor one searched before the chain took more of the wall while the policy brought no best (2026-12-06)
+    assert (cell.key()["local_share_idle"], cell.key()["local_share_patience"]) == (
+        CHEAP_EVALUATIONS["local_share_idle"], CHEAP_EVALUATIONS["local_share_patience"]) and \
+        CHEAP_EVALUATIONS["local_share_idle"] > CHEAP_EVALUATIONS["local_share"]
     # ...nor one whose search or annealer made no attraction moves (before 2026-12-06)
     from placer.baselines.anneal import AnnealConfig
 
@@ -135,7 +139,7 @@ def test_bench_cells_record_their_local_moves():
     assert cell.key()["anneal_attract_prob"] == AnnealConfig().attract_prob > 0
     assert "anneal_attract_prob" not in CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0, anneal=False).key()
     off = CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0, local_moves=0)
-    assert "local_moves" not in off.key() and "local_share" not in off.key()
+    assert not {"local_moves", "local_share", "local_share_idle"} & set(off.key())
     assert CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0, local_moves=32).key()["local_moves"] == 32
     # ...nor a cell of 8 accelerators searched or annealed before merges were their default there (2026-12-06):
     # the key holds the share used; on fewer accelerators it is 0, so older cells keep their keys

@@ -418,8 +418,10 @@ def test_local_moves_refine_the_runs_best_and_count_as_evaluations(tmp_path):
     local = s.local_evaluations
     assert 0 < local <= 4 * 64 and s.local_improvements > 0
     assert res.evaluations == len(rec.seen) == 2 + sum(int(h["new"]) for h in res.history) + local
-    assert res.history[-1]["local_evaluations"] == local and res.local == {"evaluations": local,
-                                                                             "improvements": s.local_improvements}
+    assert res.history[-1]["local_evaluations"] == local and res.local == {
+        "evaluations": local, "improvements": s.local_improvements, "seconds": round(s.local_seconds, 3),
+        "policy_improvements": s.policy_improvements}
+    assert 0 <= s.policy_improvements <= res.updates
     ops = np.frombuffer(b"".join(rec.seen), np.int32).reshape(len(rec.seen), -1)
     assert (ops[:, gr.op_group == 0] == CPU).all()               # the CPU-only group never moved
     # the toy cost is separable, so single-group moves reach the optimum within these evaluations;
@@ -430,6 +432,8 @@ def test_local_moves_refine_the_runs_best_and_count_as_evaluations(tmp_path):
     # a resume restores the counters and the moves' random state
     r = Search(gr, rec, config=cfg, out_dir=tmp_path, **kw)
     assert r.load_checkpoint() and (r.local_evaluations, r.local_improvements) == (local, s.local_improvements)
+    assert (r.policy_improvements, r.since_policy_best) == (s.policy_improvements, s.since_policy_best)
+    assert (r.share_now, r.share_mark) == (s.share_now, s.share_mark)
     assert r._local_rng.bit_generator.state == s._local_rng.bit_generator.state
     np.testing.assert_array_equal(r._chain, s._chain)
     assert (r._chain_c, r._chain_t0) == (s._chain_c, s._chain_t0) and np.isfinite(s._chain_t0)
@@ -523,6 +527,51 @@ def test_local_share_gives_the_chain_its_share_of_the_wall_time(monkeypatch):
     # the wall budget bounds the extra moves: they stop within one batch (80 ms here) of it
     b = Search(gr, Slow(ev.target_ops), config=cfg, **kw).run(1.0, max_updates=50)
     assert b.stop_reason == "budget" and 1.0 <= b.wall_s <= 1.08 + 1e-9
+
+
+def test_the_chain_takes_more_of_the_wall_while_the_policy_brings_no_best(monkeypatch):
+    # ReinforceConfig.local_share_idle: once the policy's samples have gone local_share_patience updates without a
+    # new best of the run, the chain's share rises to local_share_idle, counted from the update it began at; a
+    # new best from the policy brings it back. On a clock that only evaluations advance (10 ms each)
+    import placer.rl.search as search_mod
+
+    clock = [0.0]
+    monkeypatch.setattr(search_mod, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+
+    class Slow(ToyEvaluator):
+        def evaluate(self, placements):
+            clock[0] += 0.01 * len(placements)
+            return super().evaluate(placements)
+
+    gr, ev = _setup(G=8, seed=6)
+    kw = dict(cpu_index=CPU, baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)}, progress=False)
+    base = dict(seed=0, local_moves=8, local_batch=8, local_share=0.5, **SMALL)
+    runs = {}
+    for idle in (0.0, 0.9):
+        s = Search(gr, Slow(ev.target_ops), config=ReinforceConfig(**base, local_share_idle=idle,
+                                                                   local_share_patience=2), **kw)
+        calls, local_moves = [], s._local_moves
+
+        def spy(limit=None, s=s, calls=calls, local_moves=local_moves):
+            quiet = s.since_policy_best
+            out = local_moves(limit)
+            calls.append((quiet, s.share_now, s.share_mark, s.local_seconds, s.wall_s()))
+            return out
+
+        monkeypatch.setattr(s, "_local_moves", spy)
+        assert s.run(1000, max_updates=8).updates == 8
+        runs[idle] = s
+        for quiet, share, (mark_wall, mark_local), used, wall in calls:
+            assert share == (0.9 if idle and quiet >= 2 else 0.5)
+            assert share * (wall - mark_wall) - 1e-9 <= used - mark_local <= share * (wall - mark_wall) + 0.1
+            assert mark_wall == 0.0 or share == 0.9 and 0 < mark_wall < wall    # the idle share counts from its start
+        if idle:   # the policy's samples found no best of the run after the chain's first moves
+            assert [c[1] for c in calls].count(0.9) >= 5 and s.policy_improvements <= 3
+    assert runs[0.9].local_evaluations > runs[0.0].local_evaluations
+    # a best from the policy brings the share back (from its own mark)
+    s = runs[0.9]
+    s.since_policy_best = 0
+    assert s._chain_share() == 0.5 and s.share_mark == (s.wall_s(), s.local_seconds)
 
 
 def test_the_warm_start_is_the_runs_first_elite():

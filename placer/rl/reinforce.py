@@ -109,6 +109,11 @@ class ReinforceConfig:
     # ...and past `local_moves`, more of the chain's moves until they have taken this share of the search's wall
     # time so far (warm start included). 0: exactly `local_moves` per update
     local_share: float = 0.0
+    # ...and this larger share while the policy's samples are idle: once they have gone `local_share_patience`
+    # updates without a new best of the run (the chain's bests included), until their next one. A share counts
+    # from the update it began at. 0: off (always `local_share`)
+    local_share_idle: float = 0.0
+    local_share_patience: int = 10
     imitation_rows: int = 8          # imitation batch: the placement + 7 copies with perturbed decoder histories
     imitation_perturb: float = 2.0   # ...each with on average this many groups moved (DAgger-style)
     imitation_group_rows: int = 640  # ...at most this many rows × groups per step (8 rows up to G = 80, 2 at 256)
@@ -174,8 +179,13 @@ FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "
 # fits the start in at most 50 steps instead of 300 (~15 s of a 120 s budget): 2.3% behind with the share
 # alone, 0.6% ahead with both; with the warm start as the chain's start too, within 1% in 3 of the 4 4-K80 cells
 # and 1.7% behind on nmt (3 seeds; RESULTS.md "At equal wall time against linked blocks"). Measured searches
-# make 8 moves (FEW_EVALUATIONS).
-CHEAP_EVALUATIONS = {"local_moves": 128, "local_share": 0.75, "imitation_steps": 50}
+# make 8 moves (FEW_EVALUATIONS). In those searches the policy's samples never beat the run's best once the chain
+# runs (120 s, seed 0: 0 of 102 updates on nmt 4xK80, 0 of 64 on clip DGX1 fp16; `policy_improvements`), so
+# its updates' quarter of the wall bought nothing: on 8 GPUs, where annealing still gains from more time, the
+# search was 2.0% (clip) and 1.7% (gpt) behind it (RESULTS.md "Merges by device count"). Once the policy has gone
+# 10 updates without a best, the chain takes 95% of the wall (local_share_idle), until the policy's next best.
+CHEAP_EVALUATIONS = {"local_moves": 128, "local_share": 0.75, "imitation_steps": 50, "local_share_idle": 0.95,
+                     "local_share_patience": 10}
 
 
 def reward_of(step_times: np.ndarray, failed: np.ndarray, failure_step_time: float) -> np.ndarray:

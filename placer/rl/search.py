@@ -219,6 +219,12 @@ class Search:
         self.local_evaluations = 0     # evaluations spent on local moves (ReinforceConfig.local_moves)
         self.local_improvements = 0    # local moves that improved the run's best
         self.local_seconds = 0.0       # wall seconds spent on local moves (ReinforceConfig.local_share)
+        self.policy_improvements = 0   # updates whose samples improved the run's best (beat the chain's too)
+        self.since_policy_best = 0     # updates since the policy's samples last improved the run's best
+        # the chain's share of the wall time now (ReinforceConfig.local_share or local_share_idle) and where it began:
+        # (wall seconds, local_seconds) then
+        self.share_now = self.config.local_share
+        self.share_mark = (0.0, 0.0)
         # the search's own best against evaluations, finer than `history` (one row per update): a point
         # [evaluations after the batch, search_best] each time a batch (samples or local moves) improved it
         self.best_curve: list[list[float]] = []
@@ -310,7 +316,9 @@ class Search:
             "elite_groups": arr("elite_groups", self.elite_groups), "elite_time": _json_num(self.elite_time),
             "since_elite": self.since_elite, "restarts": self.restarts, "allowed": arr("allowed", self.allowed),
             "local_evaluations": self.local_evaluations, "local_improvements": self.local_improvements,
-            "local_seconds": self.local_seconds, "local_rng": self._local_rng.bit_generator.state,
+            "local_seconds": self.local_seconds, "policy_improvements": self.policy_improvements,
+            "since_policy_best": self.since_policy_best, "share_now": self.share_now,
+            "share_mark": list(self.share_mark), "local_rng": self._local_rng.bit_generator.state,
             "local_chain": arr("local_chain", self._chain),
             "local_chain_c": _json_num(self._chain_c), "local_t0": _json_num(self._chain_t0),
             "local_chain_best": _json_num(self._chain_best),
@@ -404,6 +412,10 @@ class Search:
         self.local_evaluations = int(state.get("local_evaluations", 0))
         self.local_improvements = int(state.get("local_improvements", 0))
         self.local_seconds = float(state.get("local_seconds", 0.0))
+        self.policy_improvements = int(state.get("policy_improvements", 0))
+        self.since_policy_best = int(state.get("since_policy_best", 0))
+        self.share_now = float(state.get("share_now", self.config.local_share))
+        self.share_mark = tuple(float(x) for x in state.get("share_mark", (0.0, 0.0)))
         if state.get("local_rng") is not None:
             self._local_rng.bit_generator.state = state["local_rng"]
         ch = state.get("local_chain")
@@ -733,7 +745,8 @@ class Search:
         before `local_jump_after` of the budget is spent it does not jump yet): the policy proposes, the chain
         refines, and the chain's improvements become the run's best, which the elite step fits. With
         `local_share` > 0 the chain goes on past `local_moves` until its moves have taken that share of the
-        search's wall time so far (or the wall budget is spent). At most `limit` evaluations (what is left of
+        search's wall time so far (or the wall budget is spent); `_chain_share` raises it while the policy's
+        samples bring no best. At most `limit` evaluations (what is left of
         `max_evaluations`), through `evaluate_groups` (with the cache, placements evaluated before are looked
         up). Returns (the search's best improved, the run's best improved)."""
         cfg = self.config
@@ -742,17 +755,19 @@ class Search:
             return False, False
         t_call = time.perf_counter()
         budget_s = self._budget[0]
+        share = self._chain_share()
+        mark_wall, mark_local = self.share_mark
 
         def wanted() -> int:
             """How many more moves to draw: the rest of `local_moves` (n is within `limit`), then batches while the
             chain is under its share of the wall time, within the budget and `limit`."""
             if drawn < n:
                 return n - drawn
-            if cfg.local_share <= 0:
+            if share <= 0:
                 return 0
             wall = self.wall_s()
             if (budget_s is not None and wall >= budget_s) \
-                    or self.local_seconds + time.perf_counter() - t_call >= cfg.local_share * wall:
+                    or self.local_seconds - mark_local + time.perf_counter() - t_call >= share * (wall - mark_wall):
                 return 0
             return cfg.local_batch if limit is None else min(cfg.local_batch, limit - drawn)
         if self._chain is None or (cfg.local_jump and self.elite_time < self._chain_best      # a new best: jump
@@ -780,6 +795,19 @@ class Search:
         self._chain_best = float(self.elite_time)
         self.local_seconds += time.perf_counter() - t_call
         return improved, improved_run
+
+    def _chain_share(self) -> float:
+        """The chain's share of the wall time (`_local_moves`): `ReinforceConfig.local_share`, or
+        `local_share_idle` once the policy's samples have gone `local_share_patience` updates without a new best
+        of the run. Their updates then cost more wall than they bring: the chain, which makes a few hundred
+        evaluations in the time of one update, gets more of it. A change of share starts its count afresh
+        (`share_mark`), so that the new share holds from here on, not over the whole search."""
+        cfg = self.config
+        idle = cfg.local_share_idle > cfg.local_share and self.since_policy_best >= cfg.local_share_patience
+        share = cfg.local_share_idle if idle else cfg.local_share
+        if share != self.share_now:
+            self.share_now, self.share_mark = share, (self.wall_s(), self.local_seconds)
+        return share
 
     def _chain_batch(self, k: int):
         """One batch of the chain: up to `k` neighbours of its point not evaluated before (the annealer's moves,
@@ -986,7 +1014,9 @@ class Search:
                             search_best_groups=self.search_best_groups,
                             baseline_failures=dict(self.baseline_failures),
                             grouped_baselines=dict(self.grouped_times), zero_shot=dict(self.zero_shot),
-                            local={"evaluations": self.local_evaluations, "improvements": self.local_improvements}
+                            local={"evaluations": self.local_evaluations, "improvements": self.local_improvements,
+                                   "seconds": round(self.local_seconds, 3),
+                                   "policy_improvements": self.policy_improvements}
                             if self.config.local_moves > 0 else {}, best_curve=[list(p) for p in self.best_curve])
 
     def _nothing_fits(self) -> SearchError:
@@ -1068,6 +1098,8 @@ class Search:
                     k = int(np.argmin(np.where(ok, upd.step_times, np.inf)))
                     improved, improved_run = self._note_sample(upd.group_devices[k], upd.op_placements[k],
                                                                float(upd.step_times[k]))
+                self.policy_improvements += improved_run
+                self.since_policy_best = 0 if improved_run else self.since_policy_best + 1
                 if self.config.elite_size > 1:
                     self._update_elite_set(upd.group_devices, upd.step_times, ok)
                 if self.config.local_moves > 0:
