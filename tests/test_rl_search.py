@@ -490,10 +490,9 @@ def test_the_chain_jumps_only_once_local_jump_after_of_the_budget_is_spent(monke
         np.testing.assert_array_equal(_chain_base(s, bases), expect)
 
 
-def test_local_share_gives_the_chain_its_share_of_the_wall_time(monkeypatch):
-    # ReinforceConfig.local_share: past `local_moves`, the chain goes on until its moves have taken that share of
-    # the search's wall time so far, within the budget. On a clock that only evaluations advance (10 ms each), a
-    # call leaves the chain at or above its share exactly
+def _slow_clock(monkeypatch):
+    """The search's clock advanced only by evaluations, 10 ms each: (the evaluator class, grouping, toy evaluator,
+    Search keywords)."""
     import placer.rl.search as search_mod
 
     clock = [0.0]
@@ -506,6 +505,14 @@ def test_local_share_gives_the_chain_its_share_of_the_wall_time(monkeypatch):
 
     gr, ev = _setup(G=8, seed=6)
     kw = dict(cpu_index=CPU, baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)}, progress=False)
+    return Slow, gr, ev, kw
+
+
+def test_local_share_gives_the_chain_its_share_of_the_wall_time(monkeypatch):
+    # ReinforceConfig.local_share: past `local_moves`, the chain goes on until its moves have taken that share of
+    # the search's wall time so far, within the budget. On a clock that only evaluations advance (10 ms each), a
+    # call leaves the chain at or above its share exactly
+    Slow, gr, ev, kw = _slow_clock(monkeypatch)
     cfg = ReinforceConfig(seed=0, local_moves=8, local_batch=8, local_share=0.75, **SMALL)
     s = Search(gr, Slow(ev.target_ops), config=cfg, **kw)
     calls, local_moves = [], s._local_moves
@@ -533,18 +540,7 @@ def test_the_chain_takes_more_of_the_wall_while_the_policy_brings_no_best(monkey
     # ReinforceConfig.local_share_idle: once the policy's samples have gone local_share_patience updates without a
     # new best of the run, the chain's share rises to local_share_idle, counted from the update it began at; a
     # new best from the policy brings it back. On a clock that only evaluations advance (10 ms each)
-    import placer.rl.search as search_mod
-
-    clock = [0.0]
-    monkeypatch.setattr(search_mod, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
-
-    class Slow(ToyEvaluator):
-        def evaluate(self, placements):
-            clock[0] += 0.01 * len(placements)
-            return super().evaluate(placements)
-
-    gr, ev = _setup(G=8, seed=6)
-    kw = dict(cpu_index=CPU, baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)}, progress=False)
+    Slow, gr, ev, kw = _slow_clock(monkeypatch)
     base = dict(seed=0, local_moves=8, local_batch=8, local_share=0.5, **SMALL)
     runs = {}
     for idle in (0.0, 0.9):
