@@ -180,10 +180,11 @@ FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "
 # alone, 0.6% ahead with both; with the warm start as the chain's start too, within 1% in 3 of the 4 4-K80 cells
 # and 1.7% behind on nmt (3 seeds; RESULTS.md "At equal wall time against linked blocks"). Measured searches
 # make 8 moves (FEW_EVALUATIONS). In those searches the policy's samples never beat the run's best once the chain
-# runs (120 s, seed 0: 0 of 102 updates on nmt 4xK80, 0 of 64 on clip DGX1 fp16; `policy_improvements`), so
-# its updates' quarter of the wall bought nothing: on 8 GPUs, where annealing still gains from more time, the
-# search was 2.0% (clip) and 1.7% (gpt) behind it (RESULTS.md "Merges by device count"). Once the policy has gone
-# 10 updates without a best, the chain takes 95% of the wall (local_share_idle), until the policy's next best.
+# runs (0 bests in all 24 recorded 120 s runs on clip and gpt, DGX1 fp16; `policy_improvements`), so its
+# updates' quarter of the wall bought nothing: on 8 GPUs the search was 2.0% (clip) and 1.7% (gpt) behind
+# annealing (RESULTS.md "Merges by device count"). Once the policy has gone 10 updates without a best, the chain
+# takes 95% of the wall (local_share_idle), until the policy's next best. That did not close the gap: 1.6% (clip)
+# and 4.2% (gpt) behind, seeds 8-11 interleaved (RESULTS.md "The chain's share while the policy brings no best").
 CHEAP_EVALUATIONS = {"local_moves": 128, "local_share": 0.75, "imitation_steps": 50, "local_share_idle": 0.95,
                      "local_share_patience": 10}
 
