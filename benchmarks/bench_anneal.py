@@ -54,7 +54,7 @@ def _emit(rec: dict, name: str = "bench_anneal.jsonl") -> None:
 
 def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal_seeds: int,
         policy_budget: float, policy_config: dict | None = None, policy_seeds: int = 1,
-        policy: str | None = None, first_policy_seed: int | None = None) -> list[dict]:
+        policy: str | None = None, first_policy_seed: int | None = None, precision: str = "fp32") -> list[dict]:
     from placer.baselines.anneal import anneal
     from placer.bench import best_baseline, best_within, policy_curve
     from placer.graphs.models import build_model
@@ -63,7 +63,7 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
     from placer.search import load_policy, search
 
     t0 = time.perf_counter()
-    problem = build_problem(build_model(model, size), cluster, seed=seed)
+    problem = build_problem(build_model(model, size, precision=precision), cluster, seed=seed)
     build_s = time.perf_counter() - t0
     try:
         over = dict(policy_config or {})
@@ -102,7 +102,10 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
                "anneal_wall_s": statistics.mean(r.wall_s for r in runs),
                "policy_evaluations": res.evaluations, "policy_wall_s": policy_wall, "policy_seed": p0,
                "anneal_seeds": [seed + i for i in range(anneal_seeds)], "problem_build_s": build_s,
-               "anneal_config": runs[0].config, "simulated": True}
+               "anneal_config": runs[0].config, "simulated": True,
+               "policy_wall_s_seeds": [w for _, _, w in runs_p],
+               "policy_local_moves_seeds": [r.extra.get("local_moves") for r, _, _ in runs_p],
+               **({"precision": precision} if precision != "fp32" else {})}
         _emit(rec)
         recs.append(rec)
     return recs
@@ -194,7 +197,8 @@ def main(argv=None) -> int:
                          "baselines): more seeds on the same problem")
     ap.add_argument("--tune-table", metavar="DATE", help="print the --tune records of days starting with DATE")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
-                    help="with --tune: build the model in this precision (e.g. clip --cluster DGX1 --precision fp16)")
+                    help="build the model in this precision (e.g. clip --cluster DGX1 --precision fp16; "
+                         "recorded when not fp32)")
     ap.add_argument("--policy", help="start the policy's search from a pretrained policy ('default' or a "
                                      "`placer pretrain` directory), as `placer search --policy` does")
     a = ap.parse_args(argv)
@@ -207,7 +211,7 @@ def main(argv=None) -> int:
              a.first_anneal_seed)
         return 0
     run(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), a.policy_budget,
-        json.loads(a.policy_config), max(1, a.policy_seeds), a.policy, a.first_policy_seed)
+        json.loads(a.policy_config), max(1, a.policy_seeds), a.policy, a.first_policy_seed, a.precision)
     return 0
 
 
