@@ -13,7 +13,8 @@ One problem (`placer.problem.build_problem`, simulated), then:
   * the policy's search (`placer.search.search`, default `ReinforceConfig` or --policy-config's overrides, seeds
     --seed.. for --policy-seeds runs) until it has used the largest count of --evals evaluations
     (`max_evaluations`); its best within
-    N evaluations is read from its history (`placer.bench.policy_curve`);
+    N evaluations is read from its history (`placer.bench.policy_curve`). Its local moves cool over that largest
+    count, so at a smaller N they are still hot: for a fair point at N, give --evals N alone;
   * the annealer (`placer.baselines.anneal`, default config) run once per N with N evaluations as its budget
     (its temperature schedule cools over the budget it is given), for --anneal-seeds seeds (seed --seed first).
 Both count every evaluation alike: the op-level baselines, their grouped versions (the shared start), then their
