@@ -183,8 +183,10 @@ FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "
 # runs (0 bests in all 24 recorded 120 s runs on clip and gpt, DGX1 fp16; `policy_improvements`), so its
 # updates' quarter of the wall bought nothing: on 8 GPUs the search was 2.0% (clip) and 1.7% (gpt) behind
 # annealing (RESULTS.md "Merges by device count"). Once the policy has gone 10 updates without a best, the chain
-# takes 95% of the wall (local_share_idle), until the policy's next best. That did not close the gap: 1.6% (clip)
-# and 4.2% (gpt) behind, seeds 8-11 interleaved (RESULTS.md "The chain's share while the policy brings no best").
+# takes 95% of the wall (local_share_idle), until the policy's next best. That did not close the gap: 1.6% (clip,
+# seeds 8-11) and 2.4% (gpt, seeds 8-15) behind, interleaved; at 20,000 evaluations the search is ahead of
+# annealing (1.6% / 2.3%), so the chain is not the gap, the policy's time and seed spread are (RESULTS.md "The
+# chain's share while the policy brings no best", "Equal evaluations on 8 GPUs", "The idle share on the K80 cells").
 CHEAP_EVALUATIONS = {"local_moves": 128, "local_share": 0.75, "imitation_steps": 50, "local_share_idle": 0.95,
                      "local_share_patience": 10}
 
