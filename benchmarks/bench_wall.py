@@ -12,7 +12,8 @@ best (`search_best`: the policy's samples and its local moves; annealing's best 
 floor. Step times are simulated. `placer bench` makes the same comparison once per cell, with the defaults.
 
 Prints and appends one JSON line per (seed, method) to benchmarks/results/bench_wall.jsonl, then a summary line
-per method (mean and range over the seeds, evaluations, and the mean gap to annealing). `--table TAG` prints the
+per method (mean and range over the seeds, evaluations, and the mean gap to annealing with its 95% confidence
+interval over the seeds, `gap_ci95`). `--table TAG` prints the
 markdown table of the records with that tag (RESULTS.md, "At equal wall time"; several tags comma-separated,
 `--methods` to keep some).
 """
@@ -86,20 +87,43 @@ def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_se
     for m in methods:
         rows = [r for r in recs if r["method"] == m]
         vals = [r["best_s"] for r in rows]
-        gaps = [r["best_s"] / ann[r["seed"]] - 1 for r in rows if m != "anneal" and r["seed"] in ann]
+        pairs = [(r["best_s"], ann[r["seed"]]) for r in rows if m != "anneal" and r["seed"] in ann]
+        gaps = [b / a - 1 for b, a in pairs]
+        pg = paired_gap(pairs)
         print(json.dumps({"summary": m, "model": model, "cluster": cluster, "seconds": seconds,
                           "seeds": [r["seed"] for r in rows], "mean_s": statistics.mean(vals),
                           "min_s": min(vals), "max_s": max(vals),
                           "evaluations_mean": statistics.mean(r["evaluations"] for r in rows),
-                          "mean_gap_to_anneal": statistics.mean(gaps) if gaps else None}), flush=True)
+                          "mean_gap_to_anneal": statistics.mean(gaps) if gaps else None,
+                          "gap_ci95": list(pg[1:]) if pg else None}), flush=True)
     return recs
+
+
+def paired_gap(pairs: list[tuple[float, float]]) -> tuple[float, float, float] | None:
+    """The mean per-seed gap of a method to annealing, (method / anneal - 1) over the seeds both ran, with its
+    95% confidence interval (Student's t over the seeds: each seed's pair is one sample). None with fewer than 2
+    pairs. A target such as "never worse than annealing by more than 1%" is resolved only when the interval's
+    upper end is under 1% (met) or its lower end over 1% (missed)."""
+    if len(pairs) < 2:
+        return None
+    from scipy import stats
+
+    g = [m / a - 1.0 for m, a in pairs]
+    mean, sd = statistics.mean(g), statistics.stdev(g)
+    half = float(stats.t.ppf(0.975, len(g) - 1)) * sd / len(g) ** 0.5
+    return mean, mean - half, mean + half
+
+
+def _fmt_gap(pg: tuple[float, float, float] | None) -> str:
+    return "-" if pg is None else f"{pg[0] * 100:+.1f}% ({pg[1] * 100:+.1f}% to {pg[2] * 100:+.1f}%)"
 
 
 def table(tag: str, path: Path | None = None, methods: list[str] | None = None,
           cells: list[str] | None = None) -> str:
     """The markdown table of the records tagged `tag` (several: comma-separated, e.g. a table and the seeds
     added to it later): per cell and method, the mean (range) over the seeds, the mean's gap to annealing's mean
-    (over the seeds both ran), and the mean evaluations. `methods`: only these (default: all); `cells`: only
+    (over the seeds both ran), the mean evaluations, and per method the mean per-seed gap with its 95% confidence
+    interval (`paired_gap`; + is slower than annealing). `methods`: only these (default: all); `cells`: only
     these "model:cluster" cells (a precision other than fp32 may be named: "clip:DGX1:fp16")."""
     tags = set(tag.split(","))
     recs = [json.loads(x) for x in open(path or RESULTS / "bench_wall.jsonl") if x.strip()]
@@ -111,7 +135,8 @@ def table(tag: str, path: Path | None = None, methods: list[str] | None = None,
     cells = list(dict.fromkeys((r["model"], r["cluster"]) for r in recs))
     methods = [m for m in dict.fromkeys(r["method"] for r in recs) if m != "anneal"]
     head = "| model | cluster | seeds | anneal (s) | " + " | ".join(f"{m} (s) | {m} vs anneal" for m in methods) + \
-        " | evaluations: anneal / " + " / ".join(methods) + " |"
+        " | evaluations: anneal / " + " / ".join(methods) + " | " + \
+        " | ".join(f"{m}: per-seed gap (95% CI)" for m in methods) + " |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for model, cluster in cells:
         rows = {m: sorted((r for r in recs if (r["model"], r["cluster"]) == (model, cluster) and r["method"] == m),
@@ -131,6 +156,8 @@ def table(tag: str, path: Path | None = None, methods: list[str] | None = None,
             cols += [fmt(rows[m]), gap]
         cols.append(" / ".join(f"{statistics.mean(r['evaluations'] for r in rows[m]):,.0f}" if rows[m] else "-"
                                for m in ["anneal"] + methods))
+        cols += [_fmt_gap(paired_gap([(r["best_s"], ann[r["seed"]]) for r in rows[m] if r["seed"] in ann]))
+                 for m in methods]
         lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines)
 

@@ -45,3 +45,24 @@ def test_table_joins_tags_filters_methods_and_gives_the_gap_of_the_means(bench_w
                     + "\n")
     row = bench_wall.table("a", path=path, cells=["clip:DGX1:fp16"]).splitlines()[2]
     assert row.startswith("| clip | DGX1:fp16 |")
+
+
+def test_paired_gap_is_the_mean_per_seed_gap_with_a_t_interval(bench_wall, tmp_path):
+    from scipy import stats
+
+    assert bench_wall.paired_gap([(1.1, 1.0)]) is None                 # one seed: no interval
+    mean, lo, hi = bench_wall.paired_gap([(1.3, 1.0), (2.7, 3.0), (1.0, 1.0)])
+    g = [0.3, -0.1, 0.0]
+    sd = (sum((x - sum(g) / 3) ** 2 for x in g) / 2) ** 0.5
+    half = stats.t.ppf(0.975, 2) * sd / 3 ** 0.5
+    assert mean == pytest.approx(sum(g) / 3) and (lo, hi) == pytest.approx((mean - half, mean + half))
+    # identical gaps: a zero-width interval; the table's last column prints it, "-" with one seed
+    assert bench_wall.paired_gap([(1.02, 1.0), (2.04, 2.0)]) == pytest.approx((0.02, 0.02, 0.02))
+    recs = [_rec("a", "anneal", 0, 1.0), _rec("a", "local", 0, 1.02), _rec("a", "anneal", 1, 2.0),
+            _rec("a", "local", 1, 2.04), _rec("a", "anneal", 0, 1.0, model="rnnlm"),
+            _rec("a", "local", 0, 0.9, model="rnnlm")]
+    path = tmp_path / "wall.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    lines = bench_wall.table("a", path=path).splitlines()
+    assert lines[0].endswith("| local: per-seed gap (95% CI) |")
+    assert lines[2].endswith("| +2.0% (+2.0% to +2.0%) |") and lines[3].endswith("| - |")

@@ -437,6 +437,7 @@ def test_local_moves_refine_the_runs_best_and_count_as_evaluations(tmp_path):
     assert r._local_rng.bit_generator.state == s._local_rng.bit_generator.state
     np.testing.assert_array_equal(r._chain, s._chain)
     assert (r._chain_c, r._chain_t0) == (s._chain_c, s._chain_t0) and np.isfinite(s._chain_t0)
+    assert r._chain_p0 == s._chain_p0 == 0.0          # the default schedule spans the whole budget
     # max_evaluations bounds the local moves too
     capped = Search(gr, ToyEvaluator(ev.target_ops), config=cfg, **kw).run(120, max_evaluations=50)
     assert capped.evaluations == 50 and capped.stop_reason == "max_evaluations"
@@ -568,6 +569,30 @@ def test_the_chain_takes_more_of_the_wall_while_the_policy_brings_no_best(monkey
     s = runs[0.9]
     s.since_policy_best = 0
     assert s._chain_share() == 0.5 and s.share_mark == (s.wall_s(), s.local_seconds)
+
+
+def test_the_chains_schedule_starts_at_t0_where_its_first_batch_falls(monkeypatch, tmp_path):
+    # ReinforceConfig.local_schedule "chain": the chain's temperature falls from T0 at its first batch (after the
+    # baselines, the warm start and the first update) to local_t_final at the budget's end, as annealing's spans
+    # its own moves; "search" spans the whole budget, so the first batch is already cooler than T0
+    Slow, gr, ev, kw = _slow_clock(monkeypatch)
+    temps = {}
+    for sched in ("chain", "search"):
+        cfg = ReinforceConfig(seed=0, local_moves=8, local_batch=8, local_share=0.5, local_t_final=1e-3,
+                              local_schedule=sched, **SMALL)
+        s = Search(gr, Slow(ev.target_ops), config=cfg, out_dir=tmp_path / sched, **kw)
+        seen, accept = [], s._chain_accept
+        monkeypatch.setattr(s, "_chain_accept", lambda d, t, seen=seen, accept=accept: (seen.append(t), accept(d, t)))
+        res = s.run(3.0, max_updates=100)
+        assert res.stop_reason == "budget" and len(seen) > 10
+        temps[sched] = (seen, s._chain_t0, s._chain_p0)
+        r = Search(gr, Slow(ev.target_ops), config=cfg, out_dir=tmp_path / sched, **kw)
+        assert r.load_checkpoint() and r._chain_p0 == s._chain_p0      # a resume keeps the schedule's start
+    seen, t0, p0 = temps["chain"]
+    assert 0.0 < p0 < 0.5 and seen[0] == t0                            # started late, at T0
+    assert all(a >= b for a, b in zip(seen, seen[1:])) and seen[-1] == pytest.approx(1e-3, rel=0.2)
+    seen, t0, p0 = temps["search"]
+    assert p0 == 0.0 and seen[0] < t0 and seen[-1] == pytest.approx(1e-3, rel=0.2)
 
 
 def test_the_warm_start_is_the_runs_first_elite():

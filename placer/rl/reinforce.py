@@ -114,6 +114,10 @@ class ReinforceConfig:
     # from the update it began at. 0: off (always `local_share`)
     local_share_idle: float = 0.0
     local_share_patience: int = 10
+    # the chain's temperature schedule: "chain" falls from T0 at the chain's first batch to `local_t_final` at the
+    # budget's end, as annealing's spans its own moves; "search" spans the whole budget (warm start and first
+    # update included), so a chain that starts 5% into the budget starts cooler than T0
+    local_schedule: str = "search"
     imitation_rows: int = 8          # imitation batch: the placement + 7 copies with perturbed decoder histories
     imitation_perturb: float = 2.0   # ...each with on average this many groups moved (DAgger-style)
     imitation_group_rows: int = 640  # ...at most this many rows × groups per step (8 rows up to G = 80, 2 at 256)

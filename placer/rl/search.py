@@ -231,7 +231,8 @@ class Search:
         self._local_rng = np.random.default_rng(self.seed + 2)
         self._chain: np.ndarray | None = None   # the local moves' annealing chain: its point,
         self._chain_c = float("inf")   # its charged step time,
-        self._chain_t0 = float("nan")  # and its starting temperature
+        self._chain_t0 = float("nan")  # and its starting temperature,
+        self._chain_p0 = float("nan")  # the budget's share spent at its first batch (`local_schedule` "chain")
         self._chain_best = float("inf")   # the run's best when the chain last moved (a better one: the policy's)
         self._local_seen: set[bytes] = set()   # group placements the chain evaluated (not checkpointed)
         self._cands: list = []         # the chain's last batch of neighbours (_chain_batch) and their charged
@@ -321,6 +322,7 @@ class Search:
             "share_mark": list(self.share_mark), "local_rng": self._local_rng.bit_generator.state,
             "local_chain": arr("local_chain", self._chain),
             "local_chain_c": _json_num(self._chain_c), "local_t0": _json_num(self._chain_t0),
+            "local_p0": _json_num(self._chain_p0),
             "local_chain_best": _json_num(self._chain_best),
             "config": self.config.to_dict(), "oom_seen": [list(x) for x in self._oom_seen[-64:]],
             "failure_counts": self.failure_counts, "evaluated": self.evaluated,
@@ -422,6 +424,8 @@ class Search:
         self._chain = None if ch is None else np.asarray(arr(ch), np.int32)
         self._chain_c = float(_num_json(state.get("local_chain_c", float("inf"))))
         self._chain_t0 = float(_num_json(state.get("local_t0", float("nan"))))
+        # a checkpoint from before `local_schedule` has no p0: its chain's schedule spanned the budget (p0 = 0)
+        self._chain_p0 = float(_num_json(state.get("local_p0", 0.0 if np.isfinite(self._chain_t0) else float("nan"))))
         self._chain_best = float(_num_json(state.get("local_chain_best", float("inf"))))
         e = state.get("elite_set")
         self.elite_set = [] if not e else [(float(_num_json(t)), np.asarray(g, np.int32))
@@ -788,13 +792,23 @@ class Search:
             delta = charged / max(self._chain_c, 1e-30) - 1.0
             if not np.isfinite(self._chain_t0):          # T0 from the first batch's worsening moves
                 self._chain_t0 = initial_temperature(delta, cfg.local_accept0)
+                self._chain_p0 = min(self._progress(), 1.0) if cfg.local_schedule == "chain" else 0.0
             t0 = self._chain_t0
             t_fin = min(cfg.local_t_final, t0)
-            temp = t0 * (t_fin / t0) ** min(1.0, max(0.0, self._progress()))
+            temp = t0 * (t_fin / t0) ** self._chain_q()
             self._chain_accept(delta, temp)
         self._chain_best = float(self.elite_time)
         self.local_seconds += time.perf_counter() - t_call
         return improved, improved_run
+
+    def _chain_q(self) -> float:
+        """Where the chain is in its temperature schedule, 0..1: the share of the budget spent (`_progress`), or with
+        `local_schedule` "chain" the share of what was left at its first batch, so that the chain starts at T0
+        wherever in the budget its first batch falls, as annealing does."""
+        p, p0 = self._progress(), self._chain_p0
+        if not np.isfinite(p0) or p0 <= 0.0:
+            return min(1.0, max(0.0, p))
+        return min(1.0, max(0.0, (p - p0) / max(1e-9, 1.0 - p0)))
 
     def _chain_share(self) -> float:
         """The chain's share of the wall time (`_local_moves`): `ReinforceConfig.local_share`, or
