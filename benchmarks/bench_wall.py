@@ -119,18 +119,22 @@ def _fmt_gap(pg: tuple[float, float, float] | None) -> str:
 
 
 def table(tag: str, path: Path | None = None, methods: list[str] | None = None,
-          cells: list[str] | None = None) -> str:
+          cells: list[str] | None = None, pool: str | None = None) -> str:
     """The markdown table of the records tagged `tag` (several: comma-separated, e.g. a table and the seeds
     added to it later): per cell and method, the mean (range) over the seeds, the mean's gap to annealing's mean
     (over the seeds both ran), the mean evaluations, and per method the mean per-seed gap with its 95% confidence
     interval (`paired_gap`; + is slower than annealing). `methods`: only these (default: all); `cells`: only
-    these "model:cluster" cells (a precision other than fp32 may be named: "clip:DGX1:fp16")."""
+    these "model:cluster" cells (a precision other than fp32 may be named: "clip:DGX1:fp16"). `pool`: every
+    method other than annealing counts as one of this name (e.g. the seeds of several tags, each with its own
+    config, against their interleaved annealing runs: one gap and interval over all of them)."""
     tags = set(tag.split(","))
     recs = [json.loads(x) for x in open(path or RESULTS / "bench_wall.jsonl") if x.strip()]
     recs = [r for r in recs if r.get("tag") in tags and (methods is None or r["method"] in methods + ["anneal"])
             and (cells is None or f"{r['model']}:{r['cluster']}" in cells
                  or f"{r['model']}:{r['cluster']}:{r.get('precision')}" in cells)]
     for r in recs:         # a precision other than fp32 is part of the cluster column
+        if pool and r["method"] != "anneal":
+            r["method"] = pool
         r["cluster"] += f":{r['precision']}" if r.get("precision", "fp32") != "fp32" else ""
     cells = list(dict.fromkeys((r["model"], r["cluster"]) for r in recs))
     methods = [m for m in dict.fromkeys(r["method"] for r in recs) if m != "anneal"]
@@ -182,10 +186,12 @@ def main(argv=None) -> int:
                     help="print the markdown table of the records with these tags and exit")
     ap.add_argument("--methods", metavar="M[,M...]", help="with --table: only these methods (and annealing)")
     ap.add_argument("--cells", metavar="MODEL:CLUSTER[,...]", help="with --table: only these cells")
+    ap.add_argument("--pool", metavar="NAME",
+                    help="with --table: count every method other than annealing as one method NAME (seeds pooled)")
     a = ap.parse_args(argv)
     if a.table:
         print(table(a.table, methods=a.methods.split(",") if a.methods else None,
-                    cells=a.cells.split(",") if a.cells else None))
+                    cells=a.cells.split(",") if a.cells else None, pool=a.pool))
         return 0
     run(a.model, a.cluster, a.size, a.seconds, a.seed, a.first_seed, a.seeds, json.loads(a.configs), a.tag,
         with_anneal=not a.no_anneal, precision=a.precision)

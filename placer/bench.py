@@ -88,6 +88,8 @@ class CellSettings:
             if cfg.local_share_idle:   # ...nor a larger share while the policy brings no best (2026-12-06)
                 k["local_share_idle"] = float(cfg.local_share_idle)
                 k["local_share_patience"] = int(cfg.local_share_patience)
+            if cfg.local_schedule != "search":   # ...nor a schedule that starts at the chain's first batch (same day)
+                k["local_schedule"] = cfg.local_schedule
             merge = auto_merge_prob(cfg.local_merge_prob, cluster.num_devices, cluster.cpu_index)
             for name, v in (("local_attract_prob", cfg.local_attract_prob), ("local_merge_prob", merge)):
                 if v:                                            # ...nor attractions, merges (2026-12-06)

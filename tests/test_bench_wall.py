@@ -66,3 +66,9 @@ def test_paired_gap_is_the_mean_per_seed_gap_with_a_t_interval(bench_wall, tmp_p
     lines = bench_wall.table("a", path=path).splitlines()
     assert lines[0].endswith("| local: per-seed gap (95% CI) |")
     assert lines[2].endswith("| +2.0% (+2.0% to +2.0%) |") and lines[3].endswith("| - |")
+    # --pool: the methods of several tags counted as one against their annealing runs
+    recs += [_rec("b", "anneal", 2, 1.0), _rec("b", "other", 2, 1.04)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    lines = bench_wall.table("a,b", path=path, cells=["nmt:4xK80"], pool="all").splitlines()
+    assert lines[0].startswith("| model | cluster | seeds | anneal (s) | all (s) | all vs anneal |")
+    assert lines[2].endswith("| +2.7% (-0.2% to +5.5%) |")         # gaps 2%, 2%, 4% over seeds 0, 1, 2

@@ -132,6 +132,10 @@ def test_bench_cells_record_their_local_moves():
     assert (cell.key()["local_share_idle"], cell.key()["local_share_patience"]) == (
         CHEAP_EVALUATIONS["local_share_idle"], CHEAP_EVALUATIONS["local_share_patience"]) and \
         CHEAP_EVALUATIONS["local_share_idle"] > CHEAP_EVALUATIONS["local_share"]
+    # ...nor one whose chain's schedule spanned the whole budget (before the evening of 2026-12-06)
+    assert cell.key()["local_schedule"] == CHEAP_EVALUATIONS["local_schedule"] == "chain"
+    assert "local_schedule" not in CellSettings("nmt", 4, "K80", "full", "sim", 120.0, 0,
+                                                local_moves=0).key()
     # ...nor one whose search or annealer made no attraction moves (before 2026-12-06)
     from placer.baselines.anneal import AnnealConfig
 
