@@ -137,3 +137,19 @@ def test_bench_cli_smoke(tmp_path, capsys, monkeypatch):
     assert main(argv) == 0, capsys.readouterr().err[-2000:]
     assert json.loads((out / "results.json").read_text()) == json.loads(before)
     assert np.isfinite(cell["rl_s"])
+
+
+def test_the_reports_command_names_every_flag_that_changes_the_results():
+    # RESULTS.md's "Command:" line must rerun the same cells: --split-groups, --no-anneal and --local-moves
+    # change them, so they are named when given (a DGX report once omitted --split-groups best and --no-anneal)
+    from placer.cli import build_parser
+    from placer.cli.bench import _command
+
+    argv = ["bench", "--models", "gpt", "--cluster", "DGX1", "--precision", "fp16", "--budget", "300",
+            "--split-groups", "best", "--no-anneal", "--local-moves", "0", "--out", "o"]
+    cmd = _command(build_parser().parse_args(argv))
+    assert cmd == ("placer bench --models gpt --cluster DGX1 --size full --precision fp16 --reward sim --budget 300 "
+                   "--seed 0 --split-groups best --no-anneal --local-moves 0 --out o")
+    assert build_parser().parse_args(cmd.split()[1:]) == build_parser().parse_args(argv)
+    plain = _command(build_parser().parse_args(["bench", "--models", "nmt"]))
+    assert "--split-groups" not in plain and "--no-anneal" not in plain and "--local-moves" not in plain

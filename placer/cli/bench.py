@@ -89,4 +89,8 @@ def _command(args) -> str:
     prec = getattr(args, "precision", None) or "fp32"
     return (f"placer bench --models {args.models} {where} --size {args.size} "
             + ("" if prec == "fp32" else f"--precision {prec} ")
-            + f"--reward {args.reward} --budget {args.budget:g} --seed {args.seed} --out {args.out}")
+            + f"--reward {args.reward} --budget {args.budget:g} --seed {args.seed}"
+            + (f" --split-groups {args.split_groups}" if getattr(args, "split_groups", None) else "")
+            + (" --no-anneal" if getattr(args, "no_anneal", False) else "")
+            + (f" --local-moves {args.local_moves}" if getattr(args, "local_moves", None) is not None else "")
+            + f" --out {args.out}")
