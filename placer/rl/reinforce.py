@@ -191,11 +191,11 @@ FEW_EVALUATIONS = {"num_samples": 8, "elite_steps": 50, "learning_rate": 1e-3, "
 # seeds 8-11) and 2.4% (gpt, seeds 8-15) behind, interleaved; at 20,000 evaluations the search is ahead of
 # annealing (1.6% / 2.3%), so the chain is not the gap, the policy's time and seed spread are (RESULTS.md "The
 # chain's share while the policy brings no best", "Equal evaluations on 8 GPUs", "The idle share on the K80 cells").
-# Since 2026-12-06 evening the chain takes 98% after 3 idle updates: it had 112-115 s of each 120 s (105-108
+# Since 2026-12-06 evening the chain takes 98% after 3 idle updates: it had 112-115 s of each 120 s (105-110
 # before) and made as many evaluations as annealing, yet gpt stayed 1.6% behind over 8 more seeds; and its
 # temperature schedule starts at T0 at its first batch (`local_schedule` "chain"), as annealing's does, instead of
-# ~5% into its fall (the warm start and the first update come first); an evaluation budget, where the chain
-# started at ~0.3% of it, is where it was ahead (RESULTS.md "The policy's last share, and the chain's schedule").
+# some way into its fall (the warm start and the first update come first); then gpt was 0.9% ahead and clip 1.0%
+# behind (RESULTS.md "The policy's last share, and the chain's schedule").
 CHEAP_EVALUATIONS = {"local_moves": 128, "local_share": 0.75, "imitation_steps": 50, "local_share_idle": 0.98,
                      "local_share_patience": 3, "local_schedule": "chain"}
 
