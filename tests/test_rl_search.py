@@ -595,6 +595,14 @@ def test_the_chains_schedule_starts_at_t0_where_its_first_batch_falls(monkeypatc
     assert p0 == 0.0 and seen[0] < t0 and seen[-1] == pytest.approx(1e-3, rel=0.2)
 
 
+def test_an_unknown_choice_in_the_config_is_one_clear_error():
+    # a string field with a value the search does not know (a typo) would act as the other choice: refused at once
+    gr, ev = _setup(G=8, seed=6)
+    for name, bad in (("local_schedule", "chian"), ("local_block", "linkd"), ("baseline_mode", "mean")):
+        with pytest.raises(SearchError, match=f"ReinforceConfig.{name} must be .* got '{bad}'"):
+            Search(gr, ev, cpu_index=CPU, progress=False, config=ReinforceConfig(**{name: bad}))
+
+
 def test_the_warm_start_is_the_runs_first_elite():
     # the best grouped baseline the policy imitates is also where the local moves' chain starts, as annealing's
     # does, however few imitation steps fitted the policy to it

@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "state.json"    # scalars, lists, dicts; names the npz that holds the arrays
 CHECKPOINT_FORMAT = 2             # 1 was a pickle (state.pkl): refused with a one-line error
 OLD_CHECKPOINT_FILE = "state.pkl"
+# the string-valued ReinforceConfig fields and the values the search reads (Search checks them before any work)
+CONFIG_CHOICES = {"baseline_mode": ("ema", "batch"), "local_block": ("linked", "run"),
+                  "local_schedule": ("search", "chain"), "pretrained_fit": ("auto", "always", "never")}
 LOCAL_SEEN_MAX = 200_000      # the local moves forget what they evaluated beyond this many placements (memory)
 STOP_AFTER_UPDATES = 3        # updates before a systematic failure may stop the search
 STOP_FAILED_FRACTION = 0.5    # ... when one non-memory reason accounts for this fraction of all evaluations
@@ -186,6 +189,10 @@ class Search:
         if (msg := move_shares_error(self.config.local_merge_prob, self.config.local_attract_prob,
                                      "ReinforceConfig.local_")) is not None:
             raise SearchError(msg)
+        for name, choices in CONFIG_CHOICES.items():   # a typo must not silently pick the other choice
+            if getattr(self.config, name) not in choices:
+                raise SearchError(f"ReinforceConfig.{name} must be {' or '.join(choices)}, "
+                                  f"got {getattr(self.config, name)!r}")
         self.fingerprint = grouping_fingerprint(grouping)
         self._agent = None
         # XLA-compile the policy's sampling loop: pays back over a search's updates, not for one zero-shot batch
