@@ -598,7 +598,8 @@ def test_the_chains_schedule_starts_at_t0_where_its_first_batch_falls(monkeypatc
 def test_an_unknown_choice_in_the_config_is_one_clear_error():
     # a string field with a value the search does not know (a typo) would act as the other choice: refused at once
     gr, ev = _setup(G=8, seed=6)
-    for name, bad in (("local_schedule", "chian"), ("local_block", "linkd"), ("baseline_mode", "mean")):
+    for name, bad in (("local_schedule", "chian"), ("local_block", "linkd"), ("baseline_mode", "mean"),
+                      ("pretrained_fit", "sometimes")):
         with pytest.raises(SearchError, match=f"ReinforceConfig.{name} must be .* got '{bad}'"):
             Search(gr, ev, cpu_index=CPU, progress=False, config=ReinforceConfig(**{name: bad}))
 

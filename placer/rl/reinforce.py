@@ -116,7 +116,7 @@ class ReinforceConfig:
     local_share_patience: int = 10
     # the chain's temperature schedule: "chain" falls from T0 at the chain's first batch to `local_t_final` at the
     # budget's end, as annealing's spans its own moves; "search" spans the whole budget (warm start and first
-    # update included), so a chain that starts 5% into the budget starts cooler than T0
+    # update included), so a chain whose first batch comes some way into the budget starts cooler than T0
     local_schedule: str = "search"
     imitation_rows: int = 8          # imitation batch: the placement + 7 copies with perturbed decoder histories
     imitation_perturb: float = 2.0   # ...each with on average this many groups moved (DAgger-style)

@@ -643,9 +643,7 @@ class Search:
                       if t is not None and np.isfinite(t)]
         zs = self.zero_shot.get("sampled_best_s", self.zero_shot.get("best_s"))   # the policy's samples, unrefined
         trusted = zs is not None and np.isfinite(zs) and all(zs < t for t in heuristics)
-        fit = self.config.pretrained_fit
-        if fit not in ("auto", "always", "never"):
-            raise SearchError(f"pretrained_fit must be auto, always or never, got {fit!r}")
+        fit = self.config.pretrained_fit     # one of CONFIG_CHOICES["pretrained_fit"] (checked at the start)
         trusted = fit == "never" or (fit == "auto" and trusted)
         self.zero_shot["imitation_steps"] = 0
         if self.start_groups is not None and not trusted:
@@ -812,10 +810,8 @@ class Search:
         """Where the chain is in its temperature schedule, 0..1: the share of the budget spent (`_progress`), or with
         `local_schedule` "chain" the share of what was left at its first batch, so that the chain starts at T0
         wherever in the budget its first batch falls, as annealing does."""
-        p, p0 = self._progress(), self._chain_p0
-        if not np.isfinite(p0) or p0 <= 0.0:
-            return min(1.0, max(0.0, p))
-        return min(1.0, max(0.0, (p - p0) / max(1e-9, 1.0 - p0)))
+        p0 = self._chain_p0 if np.isfinite(self._chain_p0) else 0.0     # "search": 0, the whole budget
+        return min(1.0, max(0.0, (self._progress() - p0) / max(1e-9, 1.0 - p0)))
 
     def _chain_share(self) -> float:
         """The chain's share of the wall time (`_local_moves`): `ReinforceConfig.local_share`, or
