@@ -102,7 +102,8 @@ def group_key(groups: np.ndarray) -> bytes:
 def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k: int, seen: set[bytes], *,
                block_prob: float = 0.1, block_max: int = 8, movable: np.ndarray | None = None, tries: int = 20,
                max_depth: int = 4, links: np.ndarray | None = None, merge_prob: float = 0.0,
-               attract_prob: float = 0.0) -> list[np.ndarray]:
+               attract_prob: float = 0.0, prefer: np.ndarray | None = None,
+               prefer_prob: float = 0.0) -> list[np.ndarray]:
     """Up to `k` distinct neighbours of the group placement `cur` whose `group_key` is not in `seen`: a single
     movable group (`movable`: default, the groups with more than one allowed device) to another allowed device,
     or, with probability `block_prob`, a block (a contiguous run of 2..`block_max` groups, in group order, which is
@@ -114,7 +115,11 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
     placement spread over many devices consolidates in one move where single moves would each have to pay off
     alone), and with probability `attract_prob` an attraction (a movable group goes to a device drawn in
     proportion to its links, both directions, to the groups there; needs `links`, else it is a single move).
-    The rest, 1 - `merge_prob` - `attract_prob`, are block moves (with probability `block_prob`) and single
+    With `prefer` (float[G, D] >= 0, e.g. how often a policy's recent samples put each group on each device),
+    a share `prefer_prob` are preferred moves: a movable group goes to a device drawn in proportion to
+    `prefer[g]` (its own device and disallowed ones excluded), the group drawn in proportion to the weight it
+    has elsewhere (where the preference disagrees with `cur`); without such weight it is a single move.
+    The rest, 1 - `merge_prob` - `attract_prob` - `prefer_prob`, are block moves (with probability `block_prob`) and single
     moves as above. When random draws find none (the
     neighbourhood is used up), neighbours two, three... moves away are drawn instead. A block move may leave `cur`
     as it is: put `cur`'s key in `seen` to exclude it. The annealer's moves
@@ -139,7 +144,7 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
                 return out
             new = cur.copy()
             for _ in range(depth):
-                u = rng.random() if merge_prob > 0 or attract_prob > 0 else 1.0
+                u = rng.random() if merge_prob > 0 or attract_prob > 0 or prefer_prob > 0 else 1.0
                 if u < merge_prob:
                     src = int(rng.choice(np.unique(new[movable])))
                     d = int(rng.integers(allowed.shape[1]))
@@ -152,6 +157,14 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
                     pull[new[g]] = 0.0
                     if pull.sum() > 0:
                         new[g] = int(rng.choice(len(pull), p=pull / pull.sum()))
+                        continue
+                if merge_prob + attract_prob <= u < merge_prob + attract_prob + prefer_prob and prefer is not None:
+                    w = np.asarray(prefer, float)[movable] * allowed[movable]
+                    w[np.arange(len(movable)), new[movable]] = 0.0
+                    tot = w.sum(axis=1)
+                    if tot.sum() > 0:
+                        i = int(rng.choice(len(movable), p=tot / tot.sum()))
+                        new[movable[i]] = int(rng.choice(w.shape[1], p=w[i] / tot[i]))
                         continue
                 if rng.random() < block_prob and G >= 2:
                     length = int(rng.integers(2, min(block_max, G) + 1))
@@ -241,19 +254,22 @@ def auto_merge_prob(merge_prob: float | None, num_devices: int, cpu_index: int |
     return AUTO_MERGE_PROB if num_devices - (cpu_index is not None) >= MERGE_ACCELERATORS else 0.0
 
 
-def move_shares_error(merge_prob: float, attract_prob: float, prefix: str = "") -> str | None:
-    """Why the shares of merge and attraction moves (`neighbours`; `prefix`: the settings' owner, e.g.
-    "AnnealConfig.") cannot be used, or None when they can: each in [0, 1], their sum at most 1.
+def move_shares_error(merge_prob: float, attract_prob: float, prefix: str = "", prefer_prob: float = 0.0,
+                      prefer_name: str = "prefer_prob") -> str | None:
+    """Why the shares of merge, attraction and preferred moves (`neighbours`; `prefix`: the settings' owner,
+    e.g. "AnnealConfig."; `prefer_name`: the preferred share's setting) cannot be used, or None when they can:
+    each in [0, 1], their sum at most 1.
 
     >>> move_shares_error(0.05, 0.2) is None, move_shares_error(0.6, 0.6, "AnnealConfig.")[:36]
     (True, 'AnnealConfig.merge_prob + AnnealConf')
     """
-    for name, v in (("merge_prob", merge_prob), ("attract_prob", attract_prob)):
+    for name, v in (("merge_prob", merge_prob), ("attract_prob", attract_prob), (prefer_name, prefer_prob)):
         if not 0.0 <= v <= 1.0:
             return f"{prefix}{name} (a share of the local moves) must be between 0 and 1: got {v}"
-    if merge_prob + attract_prob > 1.0:
-        return (f"{prefix}merge_prob + {prefix}attract_prob (shares of the local moves) must be at most 1: got "
-                f"{merge_prob} + {attract_prob}")
+    if merge_prob + attract_prob + prefer_prob > 1.0:
+        names = f"{prefix}merge_prob + {prefix}attract_prob" + (f" + {prefix}{prefer_name}" if prefer_prob else "")
+        vals = f"{merge_prob} + {attract_prob}" + (f" + {prefer_prob}" if prefer_prob else "")
+        return f"{names} (shares of the local moves) must be at most 1: got {vals}"
     return None
 
 

@@ -315,6 +315,38 @@ def test_merge_moves_empty_a_device_and_attractions_follow_links():
     assert all(len(np.flatnonzero(n != cur)) == 1 for n in plain)
 
 
+def test_preferred_moves_go_where_the_preference_disagrees_with_the_point():
+    """A preferred move (`prefer`, e.g. where a policy's samples put each group) moves one group, to a device the
+    preference gives weight to, among its allowed devices; only groups whose preference lies partly elsewhere
+    move; without any such weight it is a plain single move; the shares' check counts it."""
+    from placer.grouped import group_key, move_shares_error, neighbours
+
+    G, D = 5, 3
+    cur = np.array([0, 0, 1, 1, 2])
+    allowed = np.ones((G, D), bool)
+    allowed[1, 2] = False
+    prefer = np.zeros((G, D))
+    prefer[np.arange(G), cur] = 1.0          # agrees with cur everywhere...
+    prefer[1] = [0.5, 0.0, 0.5]              # ...but group 1 half on device 2 (not allowed to it) and
+    prefer[3] = [0.25, 0.5, 0.25]            # group 3 on devices 0 and 2 a quarter each
+    nb = neighbours(cur, allowed, np.random.default_rng(0), 2, {group_key(cur)}, prefer=prefer, prefer_prob=1.0,
+                    block_prob=0.0)
+    assert sorted(tuple(n) for n in nb) == [(0, 0, 1, 0, 2), (0, 0, 1, 2, 2)]    # only group 3, to 0 or 2
+    agree = np.eye(D)[cur]
+    plain = neighbours(cur, allowed, np.random.default_rng(0), 6, {group_key(cur)}, prefer=agree, prefer_prob=1.0,
+                       block_prob=0.0)
+    assert len(plain) == 6 and all(len(np.flatnonzero(n != cur)) == 1 for n in plain)
+    assert all(allowed[np.arange(G), n].all() for n in plain)
+    # the draws are those of before when the share is 0 (results of earlier runs stay reproducible)
+    a = neighbours(cur, allowed, np.random.default_rng(3), 6, {group_key(cur)}, attract_prob=0.2,
+                   links=np.ones((G, G)))
+    b = neighbours(cur, allowed, np.random.default_rng(3), 6, {group_key(cur)}, attract_prob=0.2,
+                   links=np.ones((G, G)), prefer=prefer, prefer_prob=0.0)
+    assert [n.tolist() for n in a] == [n.tolist() for n in b]
+    assert "policy_prob" in move_shares_error(0.1, 0.5, "ReinforceConfig.local_", 0.6, "policy_prob")
+    assert move_shares_error(0.1, 0.5, "", 0.4) is None
+
+
 def test_anneal_with_merges_and_attractions_keeps_allowed_devices_and_counts():
     """The annealer with the new move kinds: allowed devices kept, the budget in evaluations kept, the optimum of
     the toy reached; move shares outside [0, 1] or summing over 1 are refused, naming the setting, before any

@@ -443,6 +443,37 @@ def test_local_moves_refine_the_runs_best_and_count_as_evaluations(tmp_path):
     assert capped.evaluations == 50 and capped.stop_reason == "max_evaluations"
 
 
+def test_policy_guided_moves_follow_the_policys_samples_and_resume(tmp_path):
+    # ReinforceConfig.local_policy_prob: a share of the chain's moves go where the policy's recent samples put a
+    # group (an average halved each update); the average is kept in the checkpoint; a share that would take the
+    # moves' shares over 1 is one line naming it, before any evaluation
+    import placer.rl.search as search_mod
+
+    gr, ev = _setup(G=8, seed=6)
+    kw = dict(cpu_index=CPU, baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)}, progress=False)
+    cfg = ReinforceConfig(seed=0, local_moves=16, local_batch=8, local_policy_prob=0.5, **SMALL)
+    s = Search(gr, ev, config=cfg, out_dir=tmp_path, **kw)
+    seen = []
+    real = s._note_policy_samples
+    s._note_policy_samples = lambda g: (seen.append(np.array(g)), real(g))[1]
+    res = s.run(120, max_updates=3)
+    assert res.updates == 3 and len(seen) == 3
+    expect = None
+    for g in seen:
+        f = np.zeros(s.allowed.shape)
+        np.add.at(f, (np.broadcast_to(np.arange(g.shape[1]), g.shape), g), 1.0 / g.shape[0])
+        expect = f if expect is None else search_mod.POLICY_FREQ_DECAY * expect + (1 - search_mod.POLICY_FREQ_DECAY) * f
+    np.testing.assert_allclose(s._policy_freq, expect)
+    np.testing.assert_allclose(s._policy_freq.sum(axis=1), 1.0)
+    r = Search(gr, ev, config=cfg, out_dir=tmp_path, **kw)
+    assert r.load_checkpoint()
+    np.testing.assert_array_equal(r._policy_freq, s._policy_freq)
+    calls = ev.calls
+    with pytest.raises(SearchError, match=r"ReinforceConfig.local_policy_prob \(shares? .*0.9"):
+        Search(gr, ev, config=ReinforceConfig(local_policy_prob=0.9), **kw)
+    assert ev.calls == calls
+
+
 def _chain_start(monkeypatch):
     """A toy problem, and the bases of the chain's neighbour draws (recorded by a spy on `neighbours`)."""
     import placer.rl.search as search_mod

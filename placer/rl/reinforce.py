@@ -99,6 +99,10 @@ class ReinforceConfig:
     local_t_final: float = 1e-4      # AnnealConfig.t_final, reached at the end of the search's budget
     local_block: str = "linked"      # AnnealConfig.block: blocks grown by the grouping's links ("run": in group order)
     local_attract_prob: float = 0.2  # AnnealConfig.attract_prob: share of attraction moves (to where links pull)
+    # share of policy-guided moves: a group goes to a device in proportion to how often the policy's recent samples
+    # (an average over updates, halved each update) put it there, a group drawn by how much of that weight lies
+    # away from the chain's point: the chain follows what the policy has learned, where it disagrees with the chain
+    local_policy_prob: float = 0.0
     local_merge_prob: float | None = None  # AnnealConfig.merge_prob: share of merge moves (a device's groups to
     #                                  another); None: by the device count (placer.grouped.auto_merge_prob), the
     #                                  Search's config then holds the share it uses

@@ -54,6 +54,7 @@ OLD_CHECKPOINT_FILE = "state.pkl"
 # the string-valued ReinforceConfig fields and the values the search reads (Search checks them before any work)
 CONFIG_CHOICES = {"baseline_mode": ("ema", "batch"), "local_block": ("linked", "run"),
                   "local_schedule": ("search", "chain"), "pretrained_fit": ("auto", "always", "never")}
+POLICY_FREQ_DECAY = 0.5       # where the policy's samples put each group: each update's weight halves per update
 LOCAL_SEEN_MAX = 200_000      # the local moves forget what they evaluated beyond this many placements (memory)
 STOP_AFTER_UPDATES = 3        # updates before a systematic failure may stop the search
 STOP_FAILED_FRACTION = 0.5    # ... when one non-memory reason accounts for this fraction of all evaluations
@@ -187,7 +188,8 @@ class Search:
             if (msg := accept0_error(getattr(self.config, name), f"ReinforceConfig.{name}")) is not None:
                 raise SearchError(msg)
         if (msg := move_shares_error(self.config.local_merge_prob, self.config.local_attract_prob,
-                                     "ReinforceConfig.local_")) is not None:
+                                     "ReinforceConfig.local_", self.config.local_policy_prob,
+                                     "policy_prob")) is not None:
             raise SearchError(msg)
         for name, choices in CONFIG_CHOICES.items():   # a typo must not silently pick the other choice
             if getattr(self.config, name) not in choices:
@@ -241,6 +243,8 @@ class Search:
         self._chain_t0 = float("nan")  # and its starting temperature,
         self._chain_p0 = float("nan")  # the budget's share spent at its first batch (`local_schedule` "chain")
         self._chain_best = float("inf")   # the run's best when the chain last moved (a better one: the policy's)
+        self._policy_freq: np.ndarray | None = None   # float[G, D]: where the policy's recent samples put each
+        #                                               group (`local_policy_prob`; `_note_policy_samples`)
         self._local_seen: set[bytes] = set()   # group placements the chain evaluated (not checkpointed)
         self._cands: list = []         # the chain's last batch of neighbours (_chain_batch) and their charged
         self._cands_charged = np.empty(0)   # step times, for _chain_accept
@@ -328,6 +332,7 @@ class Search:
             "since_policy_best": self.since_policy_best, "share_now": self.share_now,
             "share_mark": list(self.share_mark), "local_rng": self._local_rng.bit_generator.state,
             "local_chain": arr("local_chain", self._chain),
+            "local_policy_freq": arr("local_policy_freq", self._policy_freq),
             "local_chain_c": _json_num(self._chain_c), "local_t0": _json_num(self._chain_t0),
             "local_p0": _json_num(self._chain_p0),
             "local_chain_best": _json_num(self._chain_best),
@@ -434,6 +439,8 @@ class Search:
         # a checkpoint from before `local_schedule` has no p0: its chain's schedule spanned the budget (p0 = 0)
         self._chain_p0 = float(_num_json(state.get("local_p0", 0.0 if np.isfinite(self._chain_t0) else float("nan"))))
         self._chain_best = float(_num_json(state.get("local_chain_best", float("inf"))))
+        pf = state.get("local_policy_freq")
+        self._policy_freq = None if pf is None else np.asarray(arr(pf), np.float64)
         e = state.get("elite_set")
         self.elite_set = [] if not e else [(float(_num_json(t)), np.asarray(g, np.int32))
                                            for t, g in zip(e["times"], arr(e["groups"]))]
@@ -806,6 +813,17 @@ class Search:
         self.local_seconds += time.perf_counter() - t_call
         return improved, improved_run
 
+    def _note_policy_samples(self, group_devices: np.ndarray) -> None:
+        """Where the policy's samples of an update (int[K, G]) put each group, averaged into `_policy_freq` with
+        weight 1 - POLICY_FREQ_DECAY (the chain's policy-guided moves, `ReinforceConfig.local_policy_prob`)."""
+        g = np.asarray(group_devices, np.int64)
+        if g.ndim != 2 or g.shape[0] == 0:
+            return
+        freq = np.zeros(self.allowed.shape, np.float64)
+        np.add.at(freq, (np.broadcast_to(np.arange(g.shape[1]), g.shape), g), 1.0 / g.shape[0])
+        self._policy_freq = freq if self._policy_freq is None \
+            else POLICY_FREQ_DECAY * self._policy_freq + (1.0 - POLICY_FREQ_DECAY) * freq
+
     def _chain_q(self) -> float:
         """Where the chain is in its temperature schedule, 0..1: the share of the budget spent (`_progress`), or with
         `local_schedule` "chain" the share of what was left at its first batch, so that the chain starts at T0
@@ -837,7 +855,9 @@ class Search:
         cfg = self.config
         links = getattr(self.grouping, "adjacency", None) if cfg.local_block == "linked" else None
         cands = neighbours(self._chain, self.allowed, self._local_rng, k, self._local_seen, links=links,
-                           merge_prob=cfg.local_merge_prob, attract_prob=cfg.local_attract_prob)
+                           merge_prob=cfg.local_merge_prob, attract_prob=cfg.local_attract_prob,
+                           prefer=self._policy_freq, prefer_prob=cfg.local_policy_prob if self._policy_freq
+                           is not None else 0.0)
         if not cands:
             return None
         self._local_seen.update(group_key(g) for g in cands)
@@ -1119,6 +1139,8 @@ class Search:
                 self.since_policy_best = 0 if improved_run else self.since_policy_best + 1
                 if self.config.elite_size > 1:
                     self._update_elite_set(upd.group_devices, upd.step_times, ok)
+                if self.config.local_policy_prob > 0:
+                    self._note_policy_samples(upd.group_devices)
                 if self.config.local_moves > 0:
                     li, lr = self._local_moves(None if max_evaluations is None else max_evaluations - self.evaluations)
                     improved, improved_run = improved or li, improved_run or lr
