@@ -101,7 +101,9 @@ class ReinforceConfig:
     local_attract_prob: float = 0.2  # AnnealConfig.attract_prob: share of attraction moves (to where links pull)
     # share of policy-guided moves: a group goes to a device in proportion to how often the policy's recent samples
     # (an average over updates, halved each update) put it there, a group drawn by how much of that weight lies
-    # away from the chain's point: the chain follows what the policy has learned, where it disagrees with the chain
+    # away from the chain's point: the chain follows what the policy has learned, where it disagrees with the chain.
+    # 0.3 at 1,000 evaluations (nmt, nmt4 4xK80, 4 seeds) was 5.9% and 3.3% worse than 0: off (RESULTS.md
+    # "Policy-guided local moves at 1,000 evaluations")
     local_policy_prob: float = 0.0
     local_merge_prob: float | None = None  # AnnealConfig.merge_prob: share of merge moves (a device's groups to
     #                                  another); None: by the device count (placer.grouped.auto_merge_prob), the
