@@ -119,11 +119,11 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
     a share `prefer_prob` are preferred moves: a movable group goes to a device drawn in proportion to
     `prefer[g]` (its own device and disallowed ones excluded), the group drawn in proportion to the weight it
     has elsewhere (where the preference disagrees with `cur`); without such weight it is a single move.
-    The rest, 1 - `merge_prob` - `attract_prob` - `prefer_prob`, are block moves (with probability `block_prob`) and single
-    moves as above. When random draws find none (the
-    neighbourhood is used up), neighbours two, three... moves away are drawn instead. A block move may leave `cur`
-    as it is: put `cur`'s key in `seen` to exclude it. The annealer's moves
-    (`placer.baselines.anneal`) and the search's local moves (`placer.rl.search`, `ReinforceConfig.local_moves`).
+    The rest, 1 - `merge_prob` - `attract_prob` - `prefer_prob`, are block moves (with probability
+    `block_prob`) and single moves as above. When random draws find none (the neighbourhood is used up),
+    neighbours two, three... moves away are drawn instead. A block move may leave `cur` as it is: put `cur`'s
+    key in `seen` to exclude it. The annealer's moves (`placer.baselines.anneal`) and the search's local moves
+    (`placer.rl.search`, `ReinforceConfig.local_moves`).
 
     >>> allowed = np.ones((4, 2), bool)
     >>> cur = np.zeros(4, int)
