@@ -118,7 +118,8 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
     With `prefer` (float[G, D] >= 0, e.g. how often a policy's recent samples put each group on each device),
     a share `prefer_prob` are preferred moves: a movable group goes to a device drawn in proportion to
     `prefer[g]` (its own device and disallowed ones excluded), the group drawn in proportion to the weight it
-    has elsewhere (where the preference disagrees with `cur`); without such weight it is a single move.
+    has elsewhere (where the preference disagrees with `cur`); without such weight it is a single move; without
+    `prefer` there are none (`prefer_prob` counts as 0).
     The rest, 1 - `merge_prob` - `attract_prob` - `prefer_prob`, are block moves (with probability
     `block_prob`) and single moves as above. When random draws find none (the neighbourhood is used up),
     neighbours two, three... moves away are drawn instead. A block move may leave `cur` as it is: put `cur`'s
@@ -138,6 +139,10 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
     keys: set[bytes] = set()
     if movable.size == 0:
         return out
+    if prefer is None:
+        prefer_prob = 0.0
+    else:       # each movable group's preference over the devices it may use
+        pref = np.asarray(prefer, float)[movable] * allowed[movable]
     for depth in range(1, max_depth + 1):
         for _ in range(k * tries):
             if len(out) >= k:
@@ -158,8 +163,8 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
                     if pull.sum() > 0:
                         new[g] = int(rng.choice(len(pull), p=pull / pull.sum()))
                         continue
-                if merge_prob + attract_prob <= u < merge_prob + attract_prob + prefer_prob and prefer is not None:
-                    w = np.asarray(prefer, float)[movable] * allowed[movable]
+                if merge_prob + attract_prob <= u < merge_prob + attract_prob + prefer_prob:
+                    w = pref.copy()
                     w[np.arange(len(movable)), new[movable]] = 0.0
                     tot = w.sum(axis=1)
                     if tot.sum() > 0:

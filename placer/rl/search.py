@@ -856,8 +856,7 @@ class Search:
         links = getattr(self.grouping, "adjacency", None) if cfg.local_block == "linked" else None
         cands = neighbours(self._chain, self.allowed, self._local_rng, k, self._local_seen, links=links,
                            merge_prob=cfg.local_merge_prob, attract_prob=cfg.local_attract_prob,
-                           prefer=self._policy_freq, prefer_prob=cfg.local_policy_prob if self._policy_freq
-                           is not None else 0.0)
+                           prefer=self._policy_freq, prefer_prob=cfg.local_policy_prob)
         if not cands:
             return None
         self._local_seen.update(group_key(g) for g in cands)
