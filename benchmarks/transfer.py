@@ -7,8 +7,9 @@ For each held-out graph (`placer.pretrain.HELD_OUT` families: inception_v3, gpt,
 (cluster, costs, grouping, baselines), in one run:
 - zero-shot: `build_problem(..., baselines=False)` then the policy's zero-shot batches (`search(..., policy=P,
   max_updates=0)`, a batch of 64 (more for `PLACE_SAMPLE_SECONDS`), the best by the simulator, refined by local moves
-  from it for `PLACE_REFINE_SECONDS`, as `placer place` does): `zero_shot_s` (the search's own best, the refined
-  one; never a baseline's), `zero_shot_sampled_s` (the best of the policy's samples alone), `zero_shot_spread` (its busiest device's share of the op work, devices with >= 5%) and
+  from it for `PLACE_REFINE_SECONDS` or `PLACE_REFINE_MOVES` moves, as `placer place` does): `zero_shot_s` (the
+  search's own best, the refined one; never a baseline's), `zero_shot_sampled_s` (the best of the policy's samples
+  alone), `zero_shot_spread` (its busiest device's share of the op work, devices with >= 5%) and
   `zero_shot_wall_s` (building the problem without baselines + sampling + simulating; what `placer place
   --no-baselines` costs, graph import excluded: cached; the simulator's numba kernels are loaded (compiled once
   per install, ~9 s, then cached on disk) and TensorFlow is imported before the first graph, as the
@@ -58,29 +59,31 @@ def spread(problem, op_devices) -> dict:
 
 
 def zero_shot(spec: str, policy: str, seed: int, sample_s: float | None = None, refine_s: float | None = None,
-              quiet: bool = False, graph=None) -> tuple[dict, object]:
+              quiet: bool = False, graph=None, refine_moves: int | None = None) -> tuple[dict, object]:
     """The zero-shot columns of one graph, as `placer place --no-baselines` computes them (its seconds of sampling
-    and of local moves: `sample_s`, `refine_s`, default `placer place`'s); `graph`: the spec's graph when the
-    caller has built it already. Returns (record, graph)."""
+    and of local moves and its cap on the moves: `sample_s`, `refine_s`, `refine_moves`, default `placer
+    place`'s); `graph`: the spec's graph when the caller has built it already. Returns (record, graph)."""
     import numpy as np
 
     from placer.graphs.models import build_model
     from placer.pretrain import HELD_OUT
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
-    from placer.search import PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS, load_policy, search
+    from placer.search import PLACE_REFINE_MOVES, PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS, load_policy, search
 
     model, size, cluster, precision = parse_graph(spec)
     if model not in HELD_OUT:
         print(f"warning: {model} is not a held-out family ({', '.join(HELD_OUT)})", file=sys.stderr)
     sample_s = PLACE_SAMPLE_SECONDS if sample_s is None else sample_s
     refine_s = PLACE_REFINE_SECONDS if refine_s is None else refine_s
+    refine_moves = PLACE_REFINE_MOVES if refine_moves is None else int(refine_moves)
     g = graph if graph is not None else build_model(model, size, precision=precision)
     rec = {"graph": spec, "model": model, "size": size, "cluster": cluster, "precision": precision, "ops": g.num_ops}
     t0 = time.perf_counter()
     bare = build_problem(g, cluster, seed=seed, baselines=False)
     r = search(bare, budget_seconds=1.0, max_updates=0, seed=seed, policy=load_policy(policy),
-               config=ReinforceConfig(seed=seed, zero_shot_seconds=sample_s, zero_shot_refine_seconds=refine_s))
+               config=ReinforceConfig(seed=seed, zero_shot_seconds=sample_s, zero_shot_refine_seconds=refine_s,
+                                      zero_shot_refine_moves=refine_moves))
     rec["zero_shot_wall_s"] = time.perf_counter() - t0
     rec["zero_shot_s"] = float(r.search_best) if np.isfinite(r.search_best) else None
     rec["zero_shot"] = r.extra.get("zero_shot", {})
@@ -99,20 +102,26 @@ def zero_shot(spec: str, policy: str, seed: int, sample_s: float | None = None, 
     return rec, g
 
 
-def compare_splits(specs: list[str], policy: str, splits: list[tuple[float, float]], seeds: int) -> None:
-    """Zero-shot answers with other splits of its seconds between sampling and local moves, seeds 0..seeds-1 each:
-    prints each split's mean, per-seed step times, and mean evaluations and wall (nothing written)."""
+def compare_splits(specs: list[str], policy: str, splits: list[tuple], seeds: int) -> None:
+    """Zero-shot answers with other splits of its seconds between sampling and local moves (and caps on the
+    moves: a third field, 0 for none), seeds 0..seeds-1 each: prints each split's mean, per-seed step times, and
+    mean evaluations and wall (nothing written)."""
     import numpy as np
 
     for spec in specs:
         g = None
-        for sample_s, refine_s in splits:
+        for sp in splits:
+            sample_s, refine_s = sp[0], sp[1]
+            moves = int(sp[2]) if len(sp) > 2 else None
             recs = []
             for seed in range(seeds):
-                rec, g = zero_shot(spec, policy, seed, sample_s, refine_s, quiet=True, graph=g)
+                rec, g = zero_shot(spec, policy, seed, sample_s, refine_s, quiet=True, graph=g, refine_moves=moves)
                 recs.append(rec)
             t = np.array([np.nan if r["zero_shot_s"] is None else r["zero_shot_s"] for r in recs])
-            print(f"{spec} sampling {sample_s:g} s + local moves {refine_s:g} s: mean {np.nanmean(t):.4f} s over "
+            cap = f" (at most {moves} moves)" if moves else (" (no cap on moves)" if moves == 0 else "")
+            stops = sorted({r["zero_shot"].get("refine_stop", "?") for r in recs})
+            print(f"{spec} sampling {sample_s:g} s + local moves {refine_s:g} s{cap}, stopped by {'/'.join(stops)}: "
+                  f"mean {np.nanmean(t):.4f} s over "
                   f"{seeds} seeds ({' '.join(f'{x:.4f}' for x in t)}); samples alone "
                   f"{np.mean([r['zero_shot_sampled_s'] for r in recs]):.4f}; "
                   f"{np.mean([r['zero_shot'].get('samples', 0) for r in recs]):.0f} samples, "
@@ -274,9 +283,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--zero-shot-only", action="store_true",
                     help="only the zero-shot answers (step time and wall), printed; writes nothing")
-    ap.add_argument("--splits", default="", metavar="S:R,...",
+    ap.add_argument("--splits", default="", metavar="S:R[:M],...",
                     help="with --zero-shot-only: compare splits of the zero-shot's time, S seconds of sampling "
-                         "and R of local moves each, over --seeds seeds")
+                         "and R of local moves each (at most M moves; 0: no cap; default placer place's), over "
+                         "--seeds seeds")
     ap.add_argument("--seeds", type=int, default=1, help="with --splits: seeds 0..N-1")
     a = ap.parse_args(argv)
     specs = [s for s in a.graphs.split(",") if s]
@@ -288,8 +298,9 @@ def main(argv=None) -> int:
             splits = [tuple(float(x) for x in sp.split(":")) for sp in a.splits.split(",")]
         except ValueError:
             splits = []
-        if not splits or any(len(sp) != 2 or min(sp) < 0 for sp in splits) or a.seeds < 1:
-            ap.error(f"--splits wants S:R,... (seconds of sampling and of local moves, each >= 0) and --seeds >= 1; "
+        if not splits or any(len(sp) not in (2, 3) or min(sp) < 0 for sp in splits) or a.seeds < 1:
+            ap.error(f"--splits wants S:R[:M],... (seconds of sampling and of local moves, the moves' cap, each >= 0) "
+                     f"and --seeds >= 1; "
                      f"got {a.splits!r}, {a.seeds}")
     from placer._tf import hide_gpus
 

@@ -22,7 +22,7 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
           progress: bool = False, batch_size: int | None = None, fetches=None, max_updates: int | None = None,
           token_file: str | None = None, config=None, allow_cpu: bool = False, policy=None,
           samples: int = 64, sample_seconds: float | None = None,
-          refine_seconds: float | None = None) -> SearchResult:
+          refine_seconds: float | None = None, refine_moves: int | None = None) -> SearchResult:
     """Learn a placement for `graph` (an OpGraph, tf.Graph, GraphDef, MetaGraphDef, path, tf.function
     concrete function or compiled Keras model).
 
@@ -34,7 +34,8 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
     policy: a pretrained portable policy (`placer pretrain`'s directory, "default" for the shipped one, or
     `PortableWeights`): the search starts from its zero-shot answer (the best of the placements it samples, in
     batches of `samples` for `sample_seconds`, default `placer.search.PLACE_SAMPLE_SECONDS`; 0: one batch;
-    then local moves from that best for `refine_seconds`, default `PLACE_REFINE_SECONDS`, 0: none;
+    then local moves from that best for `refine_seconds`, default `PLACE_REFINE_SECONDS`, 0: none, or until
+    `refine_moves` of them, default `PLACE_REFINE_MOVES`, 0: no limit, whichever ends first;
     `.extra["zero_shot"]`) instead of imitating a baseline; with `budget_seconds=0` that answer is all (seconds).
     """
     if budget_seconds == 0 and policy is None:
@@ -66,17 +67,20 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
 
             from placer.rl.reinforce import ReinforceConfig
 
-            from placer.search import PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS
+            from placer.search import PLACE_REFINE_MOVES, PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS
 
             if samples < 1 or (sample_seconds is not None and sample_seconds < 0) \
-                    or (refine_seconds is not None and refine_seconds < 0):
-                raise PlacerError(f"samples must be at least 1, sample_seconds and refine_seconds 0 or more, got "
-                                  f"{samples}, {sample_seconds} and {refine_seconds}")
+                    or (refine_seconds is not None and refine_seconds < 0) \
+                    or (refine_moves is not None and refine_moves < 0):
+                raise PlacerError(f"samples must be at least 1, sample_seconds, refine_seconds and refine_moves 0 or "
+                                  f"more, got {samples}, {sample_seconds}, {refine_seconds} and {refine_moves}")
             config = dc_replace(config or ReinforceConfig(seed=seed), zero_shot_samples=int(samples),
                                 zero_shot_seconds=float(PLACE_SAMPLE_SECONDS if sample_seconds is None
                                                         else sample_seconds),
                                 zero_shot_refine_seconds=float(PLACE_REFINE_SECONDS if refine_seconds is None
-                                                               else refine_seconds))
+                                                               else refine_seconds),
+                                zero_shot_refine_moves=int(PLACE_REFINE_MOVES if refine_moves is None
+                                                           else refine_moves))
             if budget_seconds == 0:
                 budget_seconds, max_updates = 1.0, 0
         return search(problem, evaluator, reward=reward, budget_seconds=budget_seconds, seed=seed, config=config,

@@ -44,6 +44,9 @@ REMEASURE_TOP = 3
 # for one batch + 6.5 s, in 7.3-7.6 s of wall each.
 PLACE_SAMPLE_SECONDS = 0.0
 PLACE_REFINE_SECONDS = 6.5
+# ...or until PLACE_REFINE_MOVES local moves (zero_shot_refine_moves), whichever ends first: where the moves end
+# first, the same seed gives the same answer every run.
+PLACE_REFINE_MOVES = 3000
 DROP_AFTER = 2       # measurements that find a device dead before a measured search drops it and re-places
 
 

@@ -194,6 +194,44 @@ def test_zero_shot_refinement_starts_from_the_policys_best_sample_and_keeps_its_
         p.close()
 
 
+def test_zero_shot_refinement_stops_at_its_moves_and_repeats_for_a_seed(nmt_tiny):
+    """With `zero_shot_refine_moves`, the refinement stops after that many local moves (well inside its seconds),
+    says so (`refine_stop`), and the same seed gives the same moves and the same answer twice; a different seed
+    other moves."""
+    from placer.problem import build_problem
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+    from placer.search import load_policy, policy_inputs
+
+    weights = load_policy("default")
+    p = build_problem(nmt_tiny, "4xK80", seed=0, baselines=False)
+
+    def run(seed, moves=40):
+        ev = _Recording(p.simulator)
+        cfg = ReinforceConfig(seed=seed, portable=True, hidden_size=weights.hidden_size,
+                              attn_size=weights.attn_size, zero_shot_samples=8, zero_shot_seconds=0.0,
+                              zero_shot_refine_seconds=60.0, zero_shot_refine_moves=moves)
+        s = Search(p.grouping, ev, cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg,
+                   baselines=p.baselines, progress=False, tensorboard=False,
+                   policy_inputs=lambda: policy_inputs(p), pretrained=weights)
+        s.run(120.0, max_updates=0)
+        return s, [x.tobytes() for x in ev.seen]
+
+    try:
+        a, seen_a = run(0)
+        assert a.zero_shot["refine_evaluations"] == 40 and a.zero_shot["refine_stop"] == "moves"
+        assert a.zero_shot["refine_s"] < 60.0
+        b, seen_b = run(0)
+        assert seen_a == seen_b and b.search_best == a.search_best
+        assert np.array_equal(a.search_best_placement, b.search_best_placement)
+        c, seen_c = run(1)
+        assert seen_c[-40:] != seen_a[-40:]
+        d, _ = run(0, moves=13)     # a cap that is not a multiple of the batch (8) is kept exactly
+        assert d.zero_shot["refine_evaluations"] == 13
+    finally:
+        p.close()
+
+
 def test_save_load_roundtrip_and_bad_files_get_one_line(tmp_path):
     from placer.rl.portable import PortableWeights
 

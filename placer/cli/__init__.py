@@ -205,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refine-seconds", type=float, metavar="S",
                    help="then local moves from the best sample for S seconds (the annealer's moves, never from a "
                         "baseline; default 6.5; 0: none)")
+    p.add_argument("--refine-moves", type=int, metavar="N",
+                   help="...or until N local moves, whichever ends first (default 3000; 0: seconds only); where the "
+                        "moves end first, the same seed gives the same answer every run")
     p.add_argument("--budget", type=float, default=0.0,
                    help="seconds of fine-tuning after the zero-shot answer (default 0: none)")
     p.add_argument("--groups", type=int, help="number of groups (default min(256, 20 x #devices))")

@@ -154,14 +154,14 @@ def run_replace(args) -> int:
 def run_place(args) -> int:
     """`placer place --policy P (GRAPH | --model M) --cluster C --out DIR`: the pretrained policy's zero-shot
     answer (the best of the placements it samples, batches of --samples for --sample-seconds, by the simulator,
-    refined by --refine-seconds of local moves from it, against the baselines), then --budget seconds of
-    fine-tuning if asked. Writes placement.json and summary.json as `placer search` does (+ "zero_shot")."""
+    refined by local moves from it for --refine-seconds or --refine-moves, against the baselines), then --budget
+    seconds of fine-tuning if asked. Writes placement.json and summary.json as `placer search` does (+ "zero_shot")."""
     import time
 
     from placer.cli import load_from_args
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
-    from placer.search import PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS, load_policy, search
+    from placer.search import PLACE_REFINE_MOVES, PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS, load_policy, search
 
     t0 = time.perf_counter()
     if args.samples < 1:
@@ -172,6 +172,9 @@ def run_place(args) -> int:
     refine = PLACE_REFINE_SECONDS if getattr(args, "refine_seconds", None) is None else args.refine_seconds
     if refine < 0:
         raise SearchError(f"--refine-seconds must be 0 or more, got {refine}")
+    moves = PLACE_REFINE_MOVES if getattr(args, "refine_moves", None) is None else args.refine_moves
+    if moves < 0:
+        raise SearchError(f"--refine-moves must be 0 or more, got {moves}")
     if args.budget < 0:
         raise SearchError(f"--budget must be 0 or more, got {args.budget}")
     out = Path(args.out)
@@ -184,7 +187,8 @@ def run_place(args) -> int:
     try:
         res = search(problem, budget_seconds=args.budget if args.budget > 0 else 1.0, seed=args.seed,
                      config=ReinforceConfig(seed=args.seed, zero_shot_samples=args.samples,
-                                            zero_shot_seconds=seconds, zero_shot_refine_seconds=refine),
+                                            zero_shot_seconds=seconds, zero_shot_refine_seconds=refine,
+                                            zero_shot_refine_moves=moves),
                      out_dir=out,
                      progress=not args.no_progress, max_updates=None if args.budget > 0 else 0, policy=weights,
                      model_name=args.model or graph.name)

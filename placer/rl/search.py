@@ -888,14 +888,17 @@ class Search:
             self._chain, self._chain_c = np.asarray(self._cands[k], np.int32), float(self._cands_charged[k])
 
     def _refine(self) -> None:
-        """`placer place`'s refinement of the zero-shot answer: for `zero_shot_refine_seconds`, an annealing chain
-        from the best placement the policy sampled (never from a baseline), with the annealer's moves and rule,
-        T0 accepting a median worsening move with probability `zero_shot_refine_accept0` and falling
-        geometrically to `local_t_final` over the seconds. Its improvements become the search's best (as the
+        """`placer place`'s refinement of the zero-shot answer: for `zero_shot_refine_seconds` or
+        `zero_shot_refine_moves` evaluations (when > 0), whichever ends first, an annealing chain from the best
+        placement the policy sampled (never from a baseline), with the annealer's moves and rule, T0 accepting a
+        median worsening move with probability `zero_shot_refine_accept0` and falling geometrically to
+        `local_t_final` over whichever budget is further spent. Its improvements become the search's best (as the
         local moves' do); `zero_shot` records the sampled best (`sampled_best_s`), the refined one (`best_s`),
-        and the chain's evaluations and wall."""
+        the chain's evaluations and wall, and which budget ended it (`refine_stop`: "moves", "seconds" or
+        "exhausted": no neighbour left to evaluate)."""
         cfg = self.config
         secs = float(cfg.zero_shot_refine_seconds)
+        moves = max(0, int(cfg.zero_shot_refine_moves))
         if secs <= 0 or self.elite_groups is None or not np.isfinite(self.elite_time):
             return
         t_start = time.perf_counter()
@@ -903,18 +906,27 @@ class Search:
         self.zero_shot["sampled_best_s"] = float(self.elite_time)
         self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
         self._local_seen.add(group_key(self._chain))
-        t0 = float("nan")
+        t0, stop = float("nan"), "seconds"
         while (spent := time.perf_counter() - t_start) < secs:
-            step = self._chain_batch(max(1, cfg.local_batch))
+            done = self.evaluations - evals0
+            if moves and done >= moves:
+                stop = "moves"
+                break
+            step = self._chain_batch(max(1, min(cfg.local_batch, moves - done) if moves else cfg.local_batch))
             if step is None:
+                stop = "exhausted"
                 break
             delta = step[1] / max(self._chain_c, 1e-30) - 1.0
             if not np.isfinite(t0):
                 t0 = initial_temperature(delta, cfg.zero_shot_refine_accept0)
             t_fin = min(cfg.local_t_final, t0)
-            self._chain_accept(delta, t0 * (t_fin / t0) ** min(1.0, spent / secs))
+            frac = max(spent / secs, (self.evaluations - evals0) / moves if moves else 0.0)
+            self._chain_accept(delta, t0 * (t_fin / t0) ** min(1.0, frac))
+        else:
+            if moves and self.evaluations - evals0 >= moves:
+                stop = "moves"
         self.zero_shot.update(best_s=float(self.search_best), refine_evaluations=self.evaluations - evals0,
-                              refine_s=time.perf_counter() - t_start)
+                              refine_s=time.perf_counter() - t_start, refine_stop=stop)
         self._chain, self._chain_c, self._chain_best = None, float("inf"), float("inf")  # the search's own chain
         self._local_seen = set()
         log.info("zero-shot refined by local moves: %.4g s -> %.4g s in %d evaluations, %.2f s",
