@@ -42,11 +42,16 @@ REMEASURE_TOP = 3
 # gets 6.5 s, so that the answer's wall stays where 2 s + 5 s put it (the one batch takes ~0.5 s): the same command
 # with `--splits 2:5,0:6.5` (20:07 UTC) gave 0.3854 / 0.3062 / 0.2388 s for 2 s + 5 s and 0.3821 / 0.3067 / 0.2335
 # for one batch + 6.5 s, in 7.3-7.6 s of wall each.
+# Since 2026-12-07 the chain also stops at PLACE_REFINE_MOVES moves (zero_shot_refine_moves), whichever ends
+# first: where the moves end first, the same seed gives the same answer every run (6.5 s made 1,824-5,648 moves,
+# by graph and by the VM's hour). The moves, seeds 0-3 (`transfer.py --zero-shot-only --splits
+# 0:60:1500,0:60:3000,0:60:4500,0:60:6000 --seeds 4`, 2026-12-07 00:10 UTC; simulated): 1,500 / 3,000 / 4,500 /
+# 6,000 moves gave inception_v3 0.3966 / 0.3845 / 0.3836 / 0.3796 s, gpt 0.3023 / 0.2966 / 0.2916 / 0.2946, clip
+# 0.2396 / 0.2298 / 0.2173 / 0.2226 (METIS 0.2351): 4,500 is where the gains stop. The seconds went from 6.5 to
+# 7.5 so that gpt and clip (~500 moves a second on a fast hour, both cores) get nearer to them within ~9 s of wall.
 PLACE_SAMPLE_SECONDS = 0.0
-PLACE_REFINE_SECONDS = 6.5
-# ...or until PLACE_REFINE_MOVES local moves (zero_shot_refine_moves), whichever ends first: where the moves end
-# first, the same seed gives the same answer every run.
-PLACE_REFINE_MOVES = 3000
+PLACE_REFINE_SECONDS = 7.5
+PLACE_REFINE_MOVES = 4500
 DROP_AFTER = 2       # measurements that find a device dead before a measured search drops it and re-places
 
 

@@ -204,9 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "placements are simulated")
     p.add_argument("--refine-seconds", type=float, metavar="S",
                    help="then local moves from the best sample for S seconds (the annealer's moves, never from a "
-                        "baseline; default 6.5; 0: none)")
+                        "baseline; default 7.5; 0: none)")
     p.add_argument("--refine-moves", type=int, metavar="N",
-                   help="...or until N local moves, whichever ends first (default 3000; 0: seconds only); where the "
+                   help="...or until N local moves, whichever ends first (default 4500; 0: seconds only); where the "
                         "moves end first, the same seed gives the same answer every run")
     p.add_argument("--budget", type=float, default=0.0,
                    help="seconds of fine-tuning after the zero-shot answer (default 0: none)")
