@@ -185,7 +185,7 @@ def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], see
 
 def section(recs: list[dict], info: dict, command: str, date: str, mach: str, finetune: float,
             scratch: list[float], warm_s: float | None = None) -> str:
-    from placer.search import PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS
+    from placer.search import PLACE_REFINE_MOVES, PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS
 
     f = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
     ft = f"finetune{int(finetune)}_s"
@@ -207,7 +207,8 @@ def section(recs: list[dict], info: dict, command: str, date: str, mach: str, fi
              "(preset clusters, analytical costs), every search figure the policy's own best (`search_best_s`); "
              "walls measured on this 2-core machine. Zero-shot: the best of the policy's samples "
              + ("(one batch of 64)" if PLACE_SAMPLE_SECONDS <= 0 else f"({PLACE_SAMPLE_SECONDS:g} s of batches of 64)")
-             + f", then local moves from it for {PLACE_REFINE_SECONDS:g} s "
+             + f", then local moves from it for {PLACE_REFINE_MOVES:,} moves or {PLACE_REFINE_SECONDS:g} s, whichever "
+             "ends first "
              "(`placer place`'s answer; never from a baseline); the wall includes building the problem"
              + ("" if warm_s is None else f", not the one-time load of the simulator's numba kernels before the first "
                 f"graph ({warm_s:.1f} s here; ~9 s when a fresh install compiles them, cached on disk after)") + ".", "", *rows,
@@ -230,8 +231,12 @@ def section(recs: list[dict], info: dict, command: str, date: str, mach: str, fi
         zs, bb = r["zero_shot_s"], r["best_baseline_s"]
         notes = []
         if zs is not None and bb is not None:
+            z = r.get("zero_shot", {})
+            moves = (f"; {z['refine_evaluations']:,} local moves in {z.get('refine_s', 0):.1f} s, ended by the "
+                     f"{z.get('refine_stop', 'seconds')}" if "refine_evaluations" in z else "")
             notes.append(f"zero-shot {'≤' if zs <= bb else '>'} best baseline ({100 * (zs / bb - 1):+.1f}%), "
-                         f"in {r['zero_shot_wall_s']:.1f} s ({'≤' if r['zero_shot_wall_s'] <= 10 else '>'} 10 s)")
+                         f"in {r['zero_shot_wall_s']:.1f} s ({'≤' if r['zero_shot_wall_s'] <= 10 else '>'} 10 s"
+                         f"{moves})")
         if zs is not None and sc and r.get(sc[-1]) is not None:
             notes.append(f"zero-shot vs scratch {scratch[-1]:.0f} s: {100 * (zs / r[sc[-1]] - 1):+.1f}% "
                          f"({'within' if zs <= 1.05 * r[sc[-1]] else 'not within'} 5%)")
