@@ -59,10 +59,12 @@ def spread(problem, op_devices) -> dict:
 
 
 def zero_shot(spec: str, policy: str, seed: int, sample_s: float | None = None, refine_s: float | None = None,
-              quiet: bool = False, graph=None, refine_moves: int | None = None) -> tuple[dict, object]:
+              quiet: bool = False, graph=None, refine_moves: int | None = None,
+              overrides: dict | None = None) -> tuple[dict, object]:
     """The zero-shot columns of one graph, as `placer place --no-baselines` computes them (its seconds of sampling
     and of local moves and its cap on the moves: `sample_s`, `refine_s`, `refine_moves`, default `placer
-    place`'s); `graph`: the spec's graph when the caller has built it already. Returns (record, graph)."""
+    place`'s); `graph`: the spec's graph when the caller has built it already; `overrides`: other ReinforceConfig
+    fields (e.g. `zero_shot_refine_accept0`). Returns (record, graph)."""
     import numpy as np
 
     from placer.graphs.models import build_model
@@ -83,7 +85,7 @@ def zero_shot(spec: str, policy: str, seed: int, sample_s: float | None = None, 
     bare = build_problem(g, cluster, seed=seed, baselines=False)
     r = search(bare, budget_seconds=1.0, max_updates=0, seed=seed, policy=load_policy(policy),
                config=ReinforceConfig(seed=seed, zero_shot_seconds=sample_s, zero_shot_refine_seconds=refine_s,
-                                      zero_shot_refine_moves=refine_moves))
+                                      zero_shot_refine_moves=refine_moves, **(overrides or {})))
     rec["zero_shot_wall_s"] = time.perf_counter() - t0
     rec["zero_shot_s"] = float(r.search_best) if np.isfinite(r.search_best) else None
     rec["zero_shot"] = r.extra.get("zero_shot", {})
@@ -102,7 +104,8 @@ def zero_shot(spec: str, policy: str, seed: int, sample_s: float | None = None, 
     return rec, g
 
 
-def compare_splits(specs: list[str], policy: str, splits: list[tuple], seeds: int) -> None:
+def compare_splits(specs: list[str], policy: str, splits: list[tuple], seeds: int,
+                   overrides: dict | None = None) -> None:
     """Zero-shot answers with other splits of its seconds between sampling and local moves (and caps on the
     moves: a third field, 0 for none), seeds 0..seeds-1 each: prints each split's mean, per-seed step times, and
     mean evaluations and wall (nothing written)."""
@@ -115,12 +118,14 @@ def compare_splits(specs: list[str], policy: str, splits: list[tuple], seeds: in
             moves = int(sp[2]) if len(sp) > 2 else None
             recs = []
             for seed in range(seeds):
-                rec, g = zero_shot(spec, policy, seed, sample_s, refine_s, quiet=True, graph=g, refine_moves=moves)
+                rec, g = zero_shot(spec, policy, seed, sample_s, refine_s, quiet=True, graph=g, refine_moves=moves,
+                                   overrides=overrides)
                 recs.append(rec)
             t = np.array([np.nan if r["zero_shot_s"] is None else r["zero_shot_s"] for r in recs])
             cap = f" (at most {moves} moves)" if moves else (" (no cap on moves)" if moves == 0 else "")
             stops = sorted({r["zero_shot"].get("refine_stop", "?") for r in recs})
-            print(f"{spec} sampling {sample_s:g} s + local moves {refine_s:g} s{cap}, stopped by {'/'.join(stops)}: "
+            print(f"{spec} sampling {sample_s:g} s + local moves {refine_s:g} s{cap}"
+                  + (f" with {json.dumps(overrides)}" if overrides else "") + f", stopped by {'/'.join(stops)}: "
                   f"mean {np.nanmean(t):.4f} s over "
                   f"{seeds} seeds ({' '.join(f'{x:.4f}' for x in t)}); samples alone "
                   f"{np.mean([r['zero_shot_sampled_s'] for r in recs]):.4f}; "
@@ -293,7 +298,26 @@ def main(argv=None) -> int:
                          "and R of local moves each (at most M moves; 0: no cap; default placer place's), over "
                          "--seeds seeds")
     ap.add_argument("--seeds", type=int, default=1, help="with --splits: seeds 0..N-1")
+    ap.add_argument("--zero-shot-config", default="", metavar="JSON",
+                    help="with --splits: other ReinforceConfig fields for the zero-shot answer, e.g. "
+                         "'{\"zero_shot_refine_accept0\": 0.2}'")
     a = ap.parse_args(argv)
+    overrides = {}
+    if a.zero_shot_config:
+        from dataclasses import fields
+
+        from placer.rl.reinforce import ReinforceConfig
+
+        try:
+            overrides = json.loads(a.zero_shot_config)
+        except ValueError as e:
+            ap.error(f"--zero-shot-config is not JSON: {e}")
+        known = {f.name for f in fields(ReinforceConfig)}
+        if not isinstance(overrides, dict) or set(overrides) - known:
+            ap.error(f"--zero-shot-config wants an object of ReinforceConfig fields; unknown: "
+                     f"{sorted(set(overrides) - known) if isinstance(overrides, dict) else overrides!r}")
+        if not a.splits:
+            ap.error("--zero-shot-config goes with --splits")
     specs = [s for s in a.graphs.split(",") if s]
     if a.splits and not a.zero_shot_only:
         ap.error("--splits compares zero-shot answers: give it with --zero-shot-only")
@@ -314,7 +338,7 @@ def main(argv=None) -> int:
     warm_s = warm_simulator()
     print(f"simulator kernels loaded in {warm_s:.1f} s (compiled, when this is the install's first run)", flush=True)
     if a.splits:
-        compare_splits(specs, a.policy, splits, a.seeds)
+        compare_splits(specs, a.policy, splits, a.seeds, overrides)
         return 0
     if a.zero_shot_only:
         for spec in specs:

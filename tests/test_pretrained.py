@@ -299,15 +299,25 @@ def test_cli_place_writes_placement_and_summary(tmp_path):
 
     out = tmp_path / "d"
     assert main(["place", "--policy", "default", "--model", "nmt", "--size", "tiny", "--cluster", "4xK80",
-                 "--samples", "8", "--refine-seconds", "0.5", "--out", str(out),
+                 "--samples", "8", "--refine-seconds", "60", "--refine-moves", "30", "--out", str(out),
                  "--no-progress"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert (out / "placement.json").exists()
     # by default one batch of --samples, then the local moves (placer.search.PLACE_SAMPLE_SECONDS = 0)
     assert s["policy"] == "default" and s["zero_shot"]["samples"] == 8 and s["zero_shot"]["batches"] == 1
     assert s["updates"] == 0
-    assert s["zero_shot"]["refine_evaluations"] >= 1 and s["search_best_s"] <= s["zero_shot"]["sampled_best_s"]
+    assert s["search_best_s"] <= s["zero_shot"]["sampled_best_s"]
+    assert s["zero_shot"]["refine_evaluations"] == 30 and s["zero_shot"]["refine_stop"] == "moves"
     assert s["search_best_s"] is not None and s["step_time_s"] <= s["search_best_s"] + 1e-12
+
+
+def test_cli_place_with_negative_refine_moves_is_one_line(tmp_path, capsys):
+    from placer.cli import main
+
+    rc = main(["place", "--policy", "default", "--model", "nmt", "--size", "tiny", "--cluster", "2xK80",
+               "--refine-moves", "-1", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "--refine-moves" in err
 
 
 def test_search_from_a_policy_fine_tunes_and_resumes(tmp_path, nmt_tiny):
