@@ -136,8 +136,8 @@ class ReinforceConfig:
     # seconds (`placer place`: placer.search.PLACE_REFINE_SECONDS), the chain's T0 accepting a median worsening
     # move with this probability (colder than the annealer's 0.3: a few seconds leave no time to wander)
     zero_shot_refine_seconds: float = 0.0
-    # ...or until this many local moves (evaluations), whichever comes first; the schedule runs over whichever
-    # budget is further spent. 0: seconds only. A budget in moves gives the same answer for the same seed every
+    # ...or until this many local moves (evaluations), whichever comes first; the schedule then runs over the
+    # moves (the seconds only stop it). 0: seconds only. A budget in moves gives the same answer for the same seed every
     # run, wherever the machine spends it within the seconds (`placer place`: placer.search.PLACE_REFINE_MOVES)
     zero_shot_refine_moves: int = 0
     zero_shot_refine_accept0: float = 0.05

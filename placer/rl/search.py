@@ -892,7 +892,9 @@ class Search:
         `zero_shot_refine_moves` evaluations (when > 0), whichever ends first, an annealing chain from the best
         placement the policy sampled (never from a baseline), with the annealer's moves and rule, T0 accepting a
         median worsening move with probability `zero_shot_refine_accept0` and falling geometrically to
-        `local_t_final` over whichever budget is further spent. Its improvements become the search's best (as the
+        `local_t_final` over the moves (over the seconds when there is no budget in moves): so where the moves end
+        first, nothing in the chain depends on the machine's speed; where the seconds do, the chain stops before
+        it has cooled, keeping its best. Its improvements become the search's best (as the
         local moves' do); `zero_shot` records the sampled best (`sampled_best_s`), the refined one (`best_s`),
         the chain's evaluations and wall, and which budget ended it (`refine_stop`: "moves", "seconds" or
         "exhausted": no neighbour left to evaluate)."""
@@ -920,7 +922,7 @@ class Search:
             if not np.isfinite(t0):
                 t0 = initial_temperature(delta, cfg.zero_shot_refine_accept0)
             t_fin = min(cfg.local_t_final, t0)
-            frac = max(spent / secs, (self.evaluations - evals0) / moves if moves else 0.0)
+            frac = (self.evaluations - evals0) / moves if moves else spent / secs
             self._chain_accept(delta, t0 * (t_fin / t0) ** min(1.0, frac))
         else:
             if moves and self.evaluations - evals0 >= moves:
