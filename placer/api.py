@@ -67,20 +67,10 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
 
             from placer.rl.reinforce import ReinforceConfig
 
-            from placer.search import PLACE_REFINE_MOVES, PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS
+            from placer.search import place_settings
 
-            if samples < 1 or (sample_seconds is not None and sample_seconds < 0) \
-                    or (refine_seconds is not None and refine_seconds < 0) \
-                    or (refine_moves is not None and refine_moves < 0):
-                raise PlacerError(f"samples must be at least 1, sample_seconds, refine_seconds and refine_moves 0 or "
-                                  f"more, got {samples}, {sample_seconds}, {refine_seconds} and {refine_moves}")
-            config = dc_replace(config or ReinforceConfig(seed=seed), zero_shot_samples=int(samples),
-                                zero_shot_seconds=float(PLACE_SAMPLE_SECONDS if sample_seconds is None
-                                                        else sample_seconds),
-                                zero_shot_refine_seconds=float(PLACE_REFINE_SECONDS if refine_seconds is None
-                                                               else refine_seconds),
-                                zero_shot_refine_moves=int(PLACE_REFINE_MOVES if refine_moves is None
-                                                           else refine_moves))
+            config = dc_replace(config or ReinforceConfig(seed=seed),
+                                **place_settings(samples, sample_seconds, refine_seconds, refine_moves))
             if budget_seconds == 0:
                 budget_seconds, max_updates = 1.0, 0
         return search(problem, evaluator, reward=reward, budget_seconds=budget_seconds, seed=seed, config=config,

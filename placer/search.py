@@ -183,6 +183,31 @@ def policy_inputs(problem: PlacementProblem):
                         device=dev.astype(np.float32))
 
 
+def place_settings(samples: int, sample_seconds: float | None = None, refine_seconds: float | None = None,
+                   refine_moves: int | None = None, flag=lambda name: name) -> dict:
+    """The zero-shot settings of `placer place` / `place(policy=...)` as ReinforceConfig fields, None taking
+    `PLACE_SAMPLE_SECONDS`, `PLACE_REFINE_SECONDS` and `PLACE_REFINE_MOVES`; a bad value is one SearchError
+    naming it by `flag(name)` (the CLI passes its flags, the API its keywords).
+
+    >>> place_settings(8, refine_moves=0)["zero_shot_refine_moves"]
+    0
+    >>> place_settings(8, refine_seconds=-1, flag=lambda n: "--" + n.replace("_", "-"))
+    Traceback (most recent call last):
+    placer.errors.SearchError: --refine-seconds must be 0 or more, got -1
+    """
+    if samples < 1:
+        raise SearchError(f"{flag('samples')} must be at least 1, got {samples}")
+    vals = {"sample_seconds": PLACE_SAMPLE_SECONDS if sample_seconds is None else sample_seconds,
+            "refine_seconds": PLACE_REFINE_SECONDS if refine_seconds is None else refine_seconds,
+            "refine_moves": PLACE_REFINE_MOVES if refine_moves is None else refine_moves}
+    for name, v in vals.items():
+        if v < 0:
+            raise SearchError(f"{flag(name)} must be 0 or more, got {v}")
+    return {"zero_shot_samples": int(samples), "zero_shot_seconds": float(vals["sample_seconds"]),
+            "zero_shot_refine_seconds": float(vals["refine_seconds"]),
+            "zero_shot_refine_moves": int(vals["refine_moves"])}
+
+
 def load_policy(policy):
     """A pretrained portable policy: `PortableWeights` as is, "default" (the shipped one) or a directory."""
     from placer.rl.portable import PortableWeights, resolve_policy

@@ -161,20 +161,12 @@ def run_place(args) -> int:
     from placer.cli import load_from_args
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
-    from placer.search import PLACE_REFINE_MOVES, PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS, load_policy, search
+    from placer.search import load_policy, place_settings, search
 
     t0 = time.perf_counter()
-    if args.samples < 1:
-        raise SearchError(f"--samples must be at least 1, got {args.samples}")
-    seconds = PLACE_SAMPLE_SECONDS if getattr(args, "sample_seconds", None) is None else args.sample_seconds
-    if seconds < 0:
-        raise SearchError(f"--sample-seconds must be 0 or more, got {seconds}")
-    refine = PLACE_REFINE_SECONDS if getattr(args, "refine_seconds", None) is None else args.refine_seconds
-    if refine < 0:
-        raise SearchError(f"--refine-seconds must be 0 or more, got {refine}")
-    moves = PLACE_REFINE_MOVES if getattr(args, "refine_moves", None) is None else args.refine_moves
-    if moves < 0:
-        raise SearchError(f"--refine-moves must be 0 or more, got {moves}")
+    zero_shot = place_settings(args.samples, getattr(args, "sample_seconds", None),
+                               getattr(args, "refine_seconds", None), getattr(args, "refine_moves", None),
+                               flag=lambda name: "--" + name.replace("_", "-"))
     if args.budget < 0:
         raise SearchError(f"--budget must be 0 or more, got {args.budget}")
     out = Path(args.out)
@@ -186,9 +178,7 @@ def run_place(args) -> int:
                             baselines=not args.no_baselines)
     try:
         res = search(problem, budget_seconds=args.budget if args.budget > 0 else 1.0, seed=args.seed,
-                     config=ReinforceConfig(seed=args.seed, zero_shot_samples=args.samples,
-                                            zero_shot_seconds=seconds, zero_shot_refine_seconds=refine,
-                                            zero_shot_refine_moves=moves),
+                     config=ReinforceConfig(seed=args.seed, **zero_shot),
                      out_dir=out,
                      progress=not args.no_progress, max_updates=None if args.budget > 0 else 0, policy=weights,
                      model_name=args.model or graph.name)

@@ -908,11 +908,14 @@ class Search:
         self.zero_shot["sampled_best_s"] = float(self.elite_time)
         self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
         self._local_seen.add(group_key(self._chain))
-        t0, stop = float("nan"), "seconds"
-        while (spent := time.perf_counter() - t_start) < secs:
-            done = self.evaluations - evals0
+        t0 = float("nan")
+        while True:
+            done, spent = self.evaluations - evals0, time.perf_counter() - t_start
             if moves and done >= moves:
                 stop = "moves"
+                break
+            if spent >= secs:
+                stop = "seconds"
                 break
             step = self._chain_batch(max(1, min(cfg.local_batch, moves - done) if moves else cfg.local_batch))
             if step is None:
@@ -924,9 +927,6 @@ class Search:
             t_fin = min(cfg.local_t_final, t0)
             frac = (self.evaluations - evals0) / moves if moves else spent / secs
             self._chain_accept(delta, t0 * (t_fin / t0) ** min(1.0, frac))
-        else:
-            if moves and self.evaluations - evals0 >= moves:
-                stop = "moves"
         self.zero_shot.update(best_s=float(self.search_best), refine_evaluations=self.evaluations - evals0,
                               refine_s=time.perf_counter() - t_start, refine_stop=stop)
         self._chain, self._chain_c, self._chain_best = None, float("inf"), float("inf")  # the search's own chain
