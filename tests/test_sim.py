@@ -276,6 +276,32 @@ def test_evaluator_batch_matches_simulate_and_both_threads():
     assert all(o.peak_memory.shape == (3,) for o in outs)
 
 
+
+def test_scratch_buffers_keep_traces_and_threads_apart():
+    # _run reuses per-thread timeline arrays unless a trace is asked: a trace must survive later simulations,
+    # and one Simulator shared by two threads must give each placement's own result
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(5)
+    n = 400
+    ops = [(f"o{i}", "X", int(rng.integers(10, 10**6))) for i in range(n)]
+    g = OpGraph.build(ops, [(f"o{int(rng.integers(0, i))}", f"o{i}") for i in range(1, n) for _ in range(2)])
+    cl = parse_cluster("4xK80")
+    sim = Simulator(g, cl, rng.uniform(1e-5, 1e-3, (n, cl.num_devices)))
+    pls = [rng.integers(0, cl.num_devices, n) for _ in range(24)]
+    traced = sim.simulate(pls[0], trace=True)
+    tr = traced.trace
+    saved = [a.copy() for a in (tr.op_start, tr.op_end, tr.x_tensor, tr.x_start, tr.x_end)]
+    serial = [sim.simulate(p) for p in pls[1:]]
+    for a, b in zip((tr.op_start, tr.op_end, tr.x_tensor, tr.x_start, tr.x_end), saved):
+        np.testing.assert_array_equal(a, b)
+    assert len(tr.x_tensor) == traced.transfers > 0
+    with ThreadPoolExecutor(2) as pool:
+        threaded = list(pool.map(sim.simulate, pls[1:] * 3))
+    want = [(r.step_time, r.transfers, r.transfer_bytes, tuple(r.peak_memory)) for r in serial] * 3
+    assert [(r.step_time, r.transfers, r.transfer_bytes, tuple(r.peak_memory)) for r in threaded] == want
+    assert len({r.step_time for r in serial}) > 1
+
 def test_interval_bound_beats_cp_and_load_when_work_sits_between_head_and_tail():
     # s (5 s) -> 4 parallel ops (1 s) -> t (5 s) on two GPUs: CP = 11, load = 14 / 2 = 7;
     # interval: the middle ops start >= 5 and need >= 5 after: 5 + 5 + 4 / 2 = 12 (also the optimum, without
