@@ -11,6 +11,9 @@ transfers, bytes, busy time and peak memory per device) must be identical, else 
 `--rounds` interleaved rounds, each kernel simulates every placement once on one thread: prints the mean
 milliseconds per simulation of each, per op, and the ratio. Measured wall times on this machine; keep it otherwise
 idle.
+
+`--baselines`: the same for the list schedulers' kernel (`placer/baselines/_schedule.py`: m_etf and m_sct on each
+graph's op-level problem): the revision's and today's must return the same placement; prints the wall of each.
 """
 from __future__ import annotations
 
@@ -31,17 +34,18 @@ sys.path.insert(0, str(HERE))
 DEFAULT_GRAPHS = "clip@DGX1:fp16,gpt@DGX1:fp16,inception_v3@4xK80,nmt@4xK80"
 
 
-def load_revision(rev: str):
-    """placer.sim.simulator as it was at `rev`, as a module of its own (numba's cache off, so nothing is written
+def load_revision(rev: str, path_in_repo: str = "placer/sim/simulator.py"):
+    """A module of placer as it was at `rev`, as a module of its own (numba's cache off, so nothing is written
     beside the working tree's cache)."""
-    src = subprocess.run(["git", "-C", str(HERE.parent), "show", f"{rev}:placer/sim/simulator.py"],
+    src = subprocess.run(["git", "-C", str(HERE.parent), "show", f"{rev}:{path_in_repo}"],
                          capture_output=True, text=True)
     if src.returncode:
-        raise SystemExit(f"sim_speed: cannot read placer/sim/simulator.py at {rev!r}: {src.stderr.strip()}")
+        raise SystemExit(f"sim_speed: cannot read {path_in_repo} at {rev!r}: {src.stderr.strip()}")
     d = Path(tempfile.mkdtemp(prefix="placer_sim_rev_"))
-    path = d / "simulator_rev.py"
+    name = "rev_" + Path(path_in_repo).stem.lstrip("_")
+    path = d / f"{name}.py"
     path.write_text(src.stdout.replace("cache=True, ", ""))
-    spec = importlib.util.spec_from_file_location("placer_sim_rev", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod          # dataclasses look their module up
     spec.loader.exec_module(mod)
@@ -57,6 +61,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--order", default="ready", choices=["ready", "critical"], help="the simulators' op order")
     ap.add_argument("--json", action="store_true", help="print one JSON object per graph")
+    ap.add_argument("--baselines", action="store_true", help="time m_etf and m_sct (their kernel) instead")
     a = ap.parse_args(argv)
     if a.placements < 1 or a.rounds < 1:
         ap.error("--placements and --rounds must be at least 1")
@@ -72,6 +77,8 @@ def main(argv=None) -> int:
     from placer.problem import build_problem
     from placer.sim.simulator import Simulator
 
+    if a.baselines:
+        return baselines(a)
     old_mod = load_revision(a.rev)
     for spec in [x for x in a.graphs.split(",") if x]:
         model, size, cluster, precision = parse_graph(spec)
@@ -118,6 +125,51 @@ def main(argv=None) -> int:
                       f"{rec['speedup']:.2f}x", flush=True)
         finally:
             p.close()
+    return 0
+
+
+def baselines(a) -> int:
+    """m_etf and m_sct with the revision's list-scheduling kernel and with today's, alternately, `--rounds` times
+    each (at most 3) after one untimed call each (one call builds the op-level problem and schedules it)."""
+    import numpy as np
+
+    m_etf_mod = importlib.import_module("placer.baselines.m_etf")    # (the package's names are the functions)
+    m_sct_mod = importlib.import_module("placer.baselines.m_sct")
+    from placer.graphs.models import build_model
+    from placer.sim.cluster import parse_cluster
+    from transfer import parse_graph
+
+    old_etf = load_revision(a.rev, "placer/baselines/_schedule.py").etf
+    new_etf = m_etf_mod.etf
+    rounds = min(a.rounds, 3)
+    for spec in [x for x in a.graphs.split(",") if x]:
+        model, size, cluster, precision = parse_graph(spec)
+        g = build_model(model, size, precision=precision)
+        cl = parse_cluster(cluster)
+        for fn, mod in ((m_etf_mod.m_etf, m_etf_mod), (m_sct_mod.m_sct, m_sct_mod)):
+            t, out = {"old": 0.0, "new": 0.0}, {}
+            try:
+                for etf in (old_etf, new_etf):      # compile (or load) each kernel before timing
+                    mod.etf = etf
+                    fn(g, cl)
+                for _ in range(rounds):
+                    for name, etf in (("old", old_etf), ("new", new_etf)):
+                        mod.etf = etf
+                        t0 = time.perf_counter()
+                        out[name] = np.asarray(fn(g, cl))
+                        t[name] += time.perf_counter() - t0
+            finally:
+                mod.etf = new_etf
+            if not np.array_equal(out["old"], out["new"]):
+                print(f"sim_speed: {spec}: {fn.__name__}: the kernels place differently", file=sys.stderr)
+                return 1
+            rec = {"graph": spec, "baseline": fn.__name__, "rev": a.rev, "rounds": rounds, "identical": True,
+                   "old_s": t["old"] / rounds, "new_s": t["new"] / rounds}
+            if a.json:
+                print(json.dumps(rec), flush=True)
+            else:
+                print(f"{spec} {fn.__name__} (same placement): {a.rev} {rec['old_s']:.3f} s, today "
+                      f"{rec['new_s']:.3f} s: {rec['old_s'] / rec['new_s']:.2f}x (mean of {rounds})", flush=True)
     return 0
 
 

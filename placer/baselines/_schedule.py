@@ -130,16 +130,6 @@ def bottom_level(p: Problem) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def _copy_bytes(i, d, kin_ptr, kin_tensor, t_op, t_bytes, device, charged):  # pragma: no cover - compiled
-    extra = 0
-    for q in range(kin_ptr[i], kin_ptr[i + 1]):
-        t = kin_tensor[q]
-        if device[t_op[t]] != d and not charged[t, d]:
-            extra += t_bytes[t]
-    return extra
-
-
-@njit(cache=True, nogil=True)
 def _etf_kernel(cost, allowed, group, group_mem, capacity, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx,
                 lat, inv_bw, prio, fav_parent, num_groups, kin_ptr, kin_tensor, t_op, t_bytes
                 ):  # pragma: no cover - compiled
@@ -156,6 +146,17 @@ def _etf_kernel(cost, allowed, group, group_mem, capacity, pred_ptr, pred_idx, p
         indeg[i] = pred_ptr[i + 1] - pred_ptr[i]
     r_ops = np.empty(n, np.int64)
     r_dr = np.zeros((n, D))
+
+    # bytes of op i's inputs not yet on device d (charged once per tensor and device). A closure, which numba
+    # inlines with no reference counting: as a function taking the six arrays, every call increfed and decrefed them
+    def copy_bytes(i, d):
+        extra = 0
+        for q in range(kin_ptr[i], kin_ptr[i + 1]):
+            t = kin_tensor[q]
+            if device[t_op[t]] != d and not charged[t, d]:
+                extra += t_bytes[t]
+        return extra
+
     m = 0
     for i in range(n):
         if indeg[i] == 0:
@@ -171,7 +172,7 @@ def _etf_kernel(cost, allowed, group, group_mem, capacity, pred_ptr, pred_idx, p
             fp = fav_parent[i]
             if fp >= 0 and device[fp] >= 0:
                 pd = device[fp]
-                need = _copy_bytes(i, pd, kin_ptr, kin_tensor, t_op, t_bytes, device, charged)
+                need = copy_bytes(i, pd)
                 if pin < 0:
                     need += group_mem[g]
                 if allowed[i, pd] and (pin == pd or pin < 0) and used[pd] + need <= capacity[pd]:
@@ -181,7 +182,7 @@ def _etf_kernel(cost, allowed, group, group_mem, capacity, pred_ptr, pred_idx, p
                     continue
                 if pin >= 0 and d != pin:
                     continue
-                need = _copy_bytes(i, d, kin_ptr, kin_tensor, t_op, t_bytes, device, charged)
+                need = copy_bytes(i, d)
                 if pin < 0:
                     need += group_mem[g]
                 if used[d] + need > capacity[d]:
