@@ -18,9 +18,11 @@ graph's op-level problem): the revision's and today's must return the same place
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +44,7 @@ def load_revision(rev: str, path_in_repo: str = "placer/sim/simulator.py"):
     if src.returncode:
         raise SystemExit(f"sim_speed: cannot read {path_in_repo} at {rev!r}: {src.stderr.strip()}")
     d = Path(tempfile.mkdtemp(prefix="placer_sim_rev_"))
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
     name = "rev_" + Path(path_in_repo).stem.lstrip("_")
     path = d / f"{name}.py"
     path.write_text(src.stdout.replace("cache=True, ", ""))

@@ -142,7 +142,7 @@ def _simulate_kernel(dev, cost, bw, lat, hold, cc, sh, sh_bw, grp, gslow, conc, 
     rqn = np.zeros(D + 1, np.int64)
     # binary min-heaps on (rq1, rq2), one per row d (rqn[d] entries). Closures, which numba inlines with no
     # reference counting: as functions taking the arrays, every call increfed and decrefed them (atomics,
-    # ~25% of a step on clip, even inlined)
+    # ~20% of a step on clip in `perf`, even inlined)
     def push(d, a, b):
         k = rqn[d]
         rq1[d, k] = a
