@@ -11,7 +11,7 @@ object (not pretrained; `reuse_evaluations` is read from the record, false if ab
 keeps only the policy runs recorded on or after DATE.
 
 Reads only recorded runs (all simulated):
-  * annealing at 1,000 evaluations, seeds 0-4: `anneal_s_seeds` of the latest `anneal_vs_policy` record in
+  * annealing at 1,000 evaluations, seeds 0-4: the first five `anneal_s_seeds` of the latest `anneal_vs_policy` record in
     results/bench_anneal.jsonl whose annealer made --anneal-block's block moves (`anneal_config.block`; records
     without it made "run" moves) and --anneal-attract's share of attraction moves (`anneal_config.attract_prob`;
     0 in records without it); the annealer is deterministic per seed and setting; a cell with no such record
@@ -66,7 +66,7 @@ def table(policy_config: dict | None = None, anneal_block: str = "linked", since
         cluster = f"{gpus}xK80"
         cell = [r for r in runs if r.get("bench") == "anneal_vs_policy" and r["model"] == model
                 and r["cluster"] == cluster and r["evaluations"] == 1000 and r.get("size", "full") == "full"]
-        ann = next((r["anneal_s_seeds"] for r in reversed(cell) if len(r.get("anneal_s_seeds", [])) >= 5
+        ann = next((r["anneal_s_seeds"][:5] for r in reversed(cell) if len(r.get("anneal_s_seeds", [])) >= 5
                     and r.get("anneal_config", {}).get("block", "run") == anneal_block
                     and r.get("anneal_config", {}).get("attract_prob", 0.0) == anneal_attract), None)
         long = [v for r in tune if r["model"] == model and r["cluster"] == cluster and r["evaluations"] == 20000
