@@ -18,3 +18,14 @@ def test_best_known_reads_the_other_bench_tables(benchmark_script, tmp_path, mon
     assert row["policy_300s_s"] == 0.36                     # the column stays the main table's
     assert row["best_known_s"] == 0.32                      # best known: the later table's search (not 2 GPUs' cell)
     assert abs(row["ceiling_pct"] - 20.0) < 1e-9
+
+
+def test_annealing_mean_is_of_seeds_0_to_4_in_a_longer_record(benchmark_script, tmp_path, monkeypatch):
+    mod = benchmark_script("headroom")
+    ann = {"bench": "anneal_vs_policy", "model": "rnnlm", "cluster": "4xK80", "evaluations": 1000,
+           "anneal_s_seeds": [0.40] * 5 + [0.80] * 3, "anneal_config": {"block": "linked", "attract_prob": 0.2}}
+    (tmp_path / "bench_anneal.jsonl").write_text(json.dumps(ann) + "\n")
+    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+
+    [row] = mod.table(anneal_attract=0.2)
+    assert abs(row["anneal_1000_mean_s"] - 0.40) < 1e-12   # the table's column is "mean of seeds 0-4"
