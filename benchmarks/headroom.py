@@ -6,7 +6,8 @@
     .venv/bin/python benchmarks/headroom.py --anneal-attract 0      # ...before attraction moves (2026-12-06)
 
 With --policy-config, the table adds the policy runs at 1,000 evaluations whose `policy_config` is exactly that
-object (not pretrained; `reuse_evaluations` is read from the record, false if absent), every policy seed recorded
+object (not pretrained, or with --pretrained NAME only those started from that pretrained policy, e.g. `default`;
+`reuse_evaluations` is read from the record, false if absent), every policy seed recorded
 (`--first-policy-seed` adds seeds on the same problem), their mean against annealing's 5-seed mean; `--since DATE`
 keeps only the policy runs recorded on or after DATE.
 
@@ -49,7 +50,7 @@ def _lines(path: Path) -> list[dict]:
 
 
 def table(policy_config: dict | None = None, anneal_block: str = "linked", since: str | None = None,
-          anneal_attract: float | None = None) -> list[dict]:
+          anneal_attract: float | None = None, pretrained: str | None = None) -> list[dict]:
     if anneal_attract is None:
         from placer.baselines.anneal import AnnealConfig
 
@@ -91,7 +92,7 @@ def table(policy_config: dict | None = None, anneal_block: str = "linked", since
                "ceiling_pct": 100.0 * (1.0 - best / mean)}
         if policy_config is not None:
             want = {"reuse_evaluations": False, **policy_config}
-            mine = [r for r in cell if not r.get("pretrained") and want == {
+            mine = [r for r in cell if r.get("pretrained") == pretrained and want == {
                 **r.get("policy_config", {}), "reuse_evaluations": bool(r.get("reuse_evaluations", False))}
                 and (since is None or r.get("date", "") >= since)]
             by_seed = {}                 # policy seed → its best within 1,000 (the latest record wins)
@@ -118,8 +119,11 @@ def main(argv=None) -> int:
                          "default the current; 0: as before 2026-12-06)")
     ap.add_argument("--since", metavar="DATE", help="with --policy-config: only policy runs recorded on or after DATE "
                     "(the records' `date`, e.g. '2026-12-05 05:00'), so that runs of older code are left out")
+    ap.add_argument("--pretrained", metavar="NAME", help="with --policy-config: the runs started from this pretrained "
+                    "policy (the records' `pretrained`, e.g. default) instead of those from scratch")
     a = ap.parse_args(argv)
-    rows = table(json.loads(a.policy_config) if a.policy_config else None, a.anneal_block, a.since, a.anneal_attract)
+    rows = table(json.loads(a.policy_config) if a.policy_config else None, a.anneal_block, a.since, a.anneal_attract,
+                 a.pretrained)
     print("| model | K80s | anneal at 1,000: mean of seeds 0-4 (s) | anneal at 20,000: seeds 0-2 (s) | "
           "policy, 300 s search (s) | anneal, 120 s (s) | policy, 120 s (s) | best known (s) | "
           "ceiling: best known vs anneal's 1,000 mean |")

@@ -29,3 +29,17 @@ def test_annealing_mean_is_of_seeds_0_to_4_in_a_longer_record(benchmark_script, 
 
     [row] = mod.table(anneal_attract=0.2)
     assert abs(row["anneal_1000_mean_s"] - 0.40) < 1e-12   # the table's column is "mean of seeds 0-4"
+
+
+def test_pretrained_selects_the_runs_started_from_that_policy(benchmark_script, tmp_path, monkeypatch):
+    mod = benchmark_script("headroom")
+    ann = {"bench": "anneal_vs_policy", "model": "rnnlm", "cluster": "4xK80", "evaluations": 1000,
+           "anneal_s_seeds": [0.40] * 5, "anneal_config": {"block": "linked", "attract_prob": 0.2}}
+    run = {**ann, "policy_config": {"local_moves": 8}, "policy_seeds": [0]}
+    lines = [ann, {**run, "policy_s_seeds": [0.30]}, {**run, "policy_s_seeds": [0.50], "pretrained": "default"}]
+    (tmp_path / "bench_anneal.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+
+    [scratch] = mod.table({"local_moves": 8}, anneal_attract=0.2)
+    [pre] = mod.table({"local_moves": 8}, anneal_attract=0.2, pretrained="default")
+    assert scratch["policy_s_seeds"] == [0.30] and pre["policy_s_seeds"] == [0.50]
