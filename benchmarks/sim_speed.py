@@ -74,14 +74,14 @@ def main(argv=None) -> int:
     from placer._tf import hide_gpus
 
     hide_gpus()
+    if a.baselines:
+        return baselines(a)
     from transfer import parse_graph
 
     from placer.graphs.models import build_model
     from placer.problem import build_problem
     from placer.sim.simulator import Simulator
 
-    if a.baselines:
-        return baselines(a)
     old_mod = load_revision(a.rev)
     for spec in [x for x in a.graphs.split(",") if x]:
         model, size, cluster, precision = parse_graph(spec)

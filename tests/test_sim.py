@@ -276,7 +276,6 @@ def test_evaluator_batch_matches_simulate_and_both_threads():
     assert all(o.peak_memory.shape == (3,) for o in outs)
 
 
-
 def test_scratch_buffers_keep_traces_and_threads_apart():
     # _run reuses per-thread timeline arrays unless a trace is asked: a trace must survive later simulations,
     # and one Simulator shared by two threads must give each placement's own result
@@ -291,9 +290,10 @@ def test_scratch_buffers_keep_traces_and_threads_apart():
     pls = [rng.integers(0, cl.num_devices, n) for _ in range(24)]
     traced = sim.simulate(pls[0], trace=True)
     tr = traced.trace
-    saved = [a.copy() for a in (tr.op_start, tr.op_end, tr.x_tensor, tr.x_start, tr.x_end)]
+    arrays = (tr.op_start, tr.op_end, tr.x_tensor, tr.x_start, tr.x_end)
+    saved = [a.copy() for a in arrays]
     serial = [sim.simulate(p) for p in pls[1:]]
-    for a, b in zip((tr.op_start, tr.op_end, tr.x_tensor, tr.x_start, tr.x_end), saved):
+    for a, b in zip(arrays, saved):
         np.testing.assert_array_equal(a, b)
     assert len(tr.x_tensor) == traced.transfers > 0
     with ThreadPoolExecutor(2) as pool:
@@ -301,6 +301,7 @@ def test_scratch_buffers_keep_traces_and_threads_apart():
     want = [(r.step_time, r.transfers, r.transfer_bytes, tuple(r.peak_memory)) for r in serial] * 3
     assert [(r.step_time, r.transfers, r.transfer_bytes, tuple(r.peak_memory)) for r in threaded] == want
     assert len({r.step_time for r in serial}) > 1
+
 
 def test_interval_bound_beats_cp_and_load_when_work_sits_between_head_and_tail():
     # s (5 s) -> 4 parallel ops (1 s) -> t (5 s) on two GPUs: CP = 11, load = 14 / 2 = 7;
