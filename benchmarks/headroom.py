@@ -104,9 +104,27 @@ def table(policy_config: dict | None = None, anneal_block: str = "linked", since
                 first = next(r for r in reversed(mine) if (r.get("policy_seeds") or [0])[0] == min(by_seed))
                 row.update(policy_s_seeds=seeds, policy_seeds=sorted(by_seed), policy_mean_s=statistics.mean(seeds),
                            policy_vs_anneal_pct=100.0 * (1.0 - statistics.mean(seeds) / mean),
+                           policy_gap_ci95=welch_gap(seeds, ann),
                            policy_drawn=first.get("policy_drawn"), policy_wall_s=first.get("policy_wall_s_at_n"))
         rows.append(row)
     return rows
+
+
+def welch_gap(policy: list[float], anneal: list[float]) -> tuple[float, float, float] | None:
+    """The policy's mean against annealing's, (policy mean / anneal mean - 1), with the 95% interval of the
+    difference of the means (Welch: two independent samples of unequal variance), relative to annealing's mean.
+    None with fewer than 2 runs of either."""
+    if len(policy) < 2 or len(anneal) < 2:
+        return None
+    from scipy import stats
+
+    mp, ma = statistics.mean(policy), statistics.mean(anneal)
+    vp, va = statistics.variance(policy) / len(policy), statistics.variance(anneal) / len(anneal)
+    if vp + va == 0:
+        return mp / ma - 1.0, mp / ma - 1.0, mp / ma - 1.0
+    dof = (vp + va) ** 2 / (vp ** 2 / (len(policy) - 1) + va ** 2 / (len(anneal) - 1))
+    half = float(stats.t.ppf(0.975, dof)) * (vp + va) ** 0.5
+    return mp / ma - 1.0, (mp - ma - half) / ma, (mp - ma + half) / ma
 
 
 def main(argv=None) -> int:
@@ -152,6 +170,11 @@ def main(argv=None) -> int:
                   f"{r['policy_drawn']:,} | {r['policy_wall_s']:.0f} |")
         ahead = sum(r.get("policy_vs_anneal_pct", -1) > 0 for r in rows)
         print(f"\npolicy ahead of annealing's mean in {ahead} of {sum('policy_mean_s' in r for r in rows)} cells")
+        gaps = [(r, r["policy_gap_ci95"]) for r in rows if r.get("policy_gap_ci95")]
+        if gaps:
+            print("policy mean vs annealing's (+: slower), 95% interval (Welch, the seeds above): " + "; ".join(
+                f"{r['model']} {r['gpus']} {g[0] * 100:+.1f}% ({g[1] * 100:+.1f}% to {g[2] * 100:+.1f}%)"
+                for r, g in gaps))
     return 0
 
 

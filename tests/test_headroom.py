@@ -43,3 +43,13 @@ def test_pretrained_selects_the_runs_started_from_that_policy(benchmark_script, 
     [scratch] = mod.table({"local_moves": 8}, anneal_attract=0.2)
     [pre] = mod.table({"local_moves": 8}, anneal_attract=0.2, pretrained="default")
     assert scratch["policy_s_seeds"] == [0.30] and pre["policy_s_seeds"] == [0.50]
+
+
+def test_welch_gap_is_relative_to_annealing_and_symmetric_for_equal_samples(benchmark_script):
+    mod = benchmark_script("headroom")
+    mean, lo, hi = mod.welch_gap([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert mean == 0.0 and abs(lo + hi) < 1e-12 and lo < 0 < hi
+    # t(0.975, 4 dof) = 2.776; se = sqrt(1/3 + 1/3): the interval's half width over annealing's mean 2
+    assert abs(hi - 2.776445 * (2 / 3) ** 0.5 / 2) < 1e-5
+    assert all(abs(x - 0.1) < 1e-12 for x in mod.welch_gap([1.1, 1.1], [1.0, 1.0]))   # no spread: a point
+    assert mod.welch_gap([1.0], [1.0, 2.0]) is None
