@@ -522,6 +522,27 @@ def test_the_chain_jumps_only_once_local_jump_after_of_the_budget_is_spent(monke
         np.testing.assert_array_equal(_chain_base(s, bases), expect)
 
 
+def test_local_restarts_reheat_the_chain_from_the_runs_best_once_per_part(monkeypatch):
+    # ReinforceConfig.local_restarts: the chain's schedule is cut into parts; on entering a new part the chain goes
+    # back to the run's best (even with local_jump off) and its temperature restarts at T0; within a part it keeps
+    # its own point
+    gr, ev, kw, bases = _chain_start(monkeypatch)
+    for progress, expect, part_q in ((0.3, OWN, 0.6), (0.6, BEST, 0.2)):
+        s = Search(gr, ToyEvaluator(ev.target_ops), config=ReinforceConfig(seed=0, local_moves=8, local_jump=False,
+                                                                              local_restarts=1, **SMALL), **kw)
+        s.run(60, max_updates=1)
+        monkeypatch.setattr(s, "_progress", lambda p=progress: p)
+        assert s._chain_part_q() == pytest.approx(part_q)
+        np.testing.assert_array_equal(_chain_base(s, bases), expect)
+        assert s._chain_seg == (progress >= 0.5)
+        bases.clear()
+        s._chain = OWN.copy()             # the part's reheat happened: the next call keeps the chain's own point
+        s._local_moves()
+        np.testing.assert_array_equal(bases[0], OWN)
+    with pytest.raises(SearchError, match=r"ReinforceConfig.local_restarts must be a whole number >= 0, got -1"):
+        Search(gr, ev, config=ReinforceConfig(local_restarts=-1), **kw)
+
+
 def _slow_clock(monkeypatch):
     """The search's clock advanced only by evaluations, 10 ms each: (the evaluator class, grouping, toy evaluator,
     Search keywords)."""

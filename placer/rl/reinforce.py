@@ -124,6 +124,10 @@ class ReinforceConfig:
     # budget's end, as annealing's spans its own moves; "search" spans the whole budget (warm start and first
     # update included), so a chain whose first batch comes some way into the budget starts cooler than T0
     local_schedule: str = "search"
+    # reheats of the chain (annealing's `AnnealConfig.restarts` for the chain): its schedule is cut into this many
+    # + 1 equal parts, and at the start of each part after the first the chain goes back to the run's best and its
+    # temperature to T0. 0: one schedule
+    local_restarts: int = 0
     imitation_rows: int = 8          # imitation batch: the placement + 7 copies with perturbed decoder histories
     imitation_perturb: float = 2.0   # ...each with on average this many groups moved (DAgger-style)
     imitation_group_rows: int = 640  # ...at most this many rows × groups per step (8 rows up to G = 80, 2 at 256)

@@ -191,6 +191,9 @@ class Search:
                                      "ReinforceConfig.local_", self.config.local_policy_prob,
                                      "policy_prob")) is not None:
             raise SearchError(msg)
+        if not isinstance(self.config.local_restarts, int) or self.config.local_restarts < 0:
+            raise SearchError(f"ReinforceConfig.local_restarts must be a whole number >= 0, "
+                              f"got {self.config.local_restarts!r}")
         for name, choices in CONFIG_CHOICES.items():   # a typo must not silently pick the other choice
             if getattr(self.config, name) not in choices:
                 raise SearchError(f"ReinforceConfig.{name} must be {' or '.join(choices)}, "
@@ -243,6 +246,7 @@ class Search:
         self._chain_t0 = float("nan")  # and its starting temperature,
         self._chain_p0 = float("nan")  # the budget's share spent at its first batch (`local_schedule` "chain")
         self._chain_best = float("inf")   # the run's best when the chain last moved (a better one: the policy's)
+        self._chain_seg = 0               # the part of the chain's schedule it is in (`local_restarts`)
         self._policy_freq: np.ndarray | None = None   # float[G, D]: where the policy's recent samples put each
         #                                               group (`local_policy_prob`; `_note_policy_samples`)
         self._local_seen: set[bytes] = set()   # group placements the chain evaluated (not checkpointed)
@@ -335,7 +339,7 @@ class Search:
             "local_policy_freq": arr("local_policy_freq", self._policy_freq),
             "local_chain_c": _json_num(self._chain_c), "local_t0": _json_num(self._chain_t0),
             "local_p0": _json_num(self._chain_p0),
-            "local_chain_best": _json_num(self._chain_best),
+            "local_chain_best": _json_num(self._chain_best), "local_chain_seg": self._chain_seg,
             "config": self.config.to_dict(), "oom_seen": [list(x) for x in self._oom_seen[-64:]],
             "failure_counts": self.failure_counts, "evaluated": self.evaluated,
             "zero_shot": {k: _json_num(v) for k, v in self.zero_shot.items()},
@@ -439,6 +443,7 @@ class Search:
         # a checkpoint from before `local_schedule` has no p0: its chain's schedule spanned the budget (p0 = 0)
         self._chain_p0 = float(_num_json(state.get("local_p0", 0.0 if np.isfinite(self._chain_t0) else float("nan"))))
         self._chain_best = float(_num_json(state.get("local_chain_best", float("inf"))))
+        self._chain_seg = int(state.get("local_chain_seg", 0))
         pf = state.get("local_policy_freq")
         self._policy_freq = None if pf is None else np.asarray(arr(pf), np.float64)
         e = state.get("elite_set")
@@ -795,6 +800,8 @@ class Search:
         improved = improved_run = False
         drawn = 0
         while (want := wanted()) > 0:
+            if cfg.local_restarts > 0 and np.isfinite(self._chain_t0):
+                self._chain_reheat()
             step = self._chain_batch(min(max(1, cfg.local_batch), want))
             if step is None:
                 break
@@ -807,7 +814,7 @@ class Search:
                 self._chain_p0 = min(self._progress(), 1.0) if cfg.local_schedule == "chain" else 0.0
             t0 = self._chain_t0
             t_fin = min(cfg.local_t_final, t0)
-            temp = t0 * (t_fin / t0) ** self._chain_q()
+            temp = t0 * (t_fin / t0) ** self._chain_part_q()
             self._chain_accept(delta, temp)
         self._chain_best = float(self.elite_time)
         self.local_seconds += time.perf_counter() - t_call
@@ -830,6 +837,26 @@ class Search:
         wherever in the budget its first batch falls, as annealing does."""
         p0 = self._chain_p0 if np.isfinite(self._chain_p0) else 0.0     # "search": 0, the whole budget
         return min(1.0, max(0.0, (self._progress() - p0) / max(1e-9, 1.0 - p0)))
+
+    def _chain_part_q(self) -> float:
+        """Where the chain is in the current part of its schedule, 0..1 (`_chain_q` with `local_restarts` = 0)."""
+        parts = self.config.local_restarts + 1
+        q = self._chain_q()
+        return min(1.0, q * parts - min(int(q * parts), parts - 1))
+
+    def _chain_reheat(self) -> None:
+        """`ReinforceConfig.local_restarts`: once the chain's schedule enters a new part, the chain goes back to the
+        run's best (its temperature is back at T0 by `_chain_part_q`), as annealing's restarts go back to the best
+        so far."""
+        parts = self.config.local_restarts + 1
+        seg = min(int(self._chain_q() * parts), parts - 1)
+        if seg == self._chain_seg:
+            return
+        self._chain_seg = seg
+        if self.elite_groups is not None and np.isfinite(self.elite_time):
+            self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
+            self._local_seen.add(group_key(self._chain))
+            log.info("local moves: reheat %d of %d from the run's best (%.4g s)", seg, parts - 1, self.elite_time)
 
     def _chain_share(self) -> float:
         """The chain's share of the wall time (`_local_moves`): `ReinforceConfig.local_share`, or
