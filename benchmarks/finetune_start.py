@@ -2,7 +2,7 @@
 pretrained, at equal evaluations, against the search from scratch, on the held-out graphs.
 
     .venv/bin/python benchmarks/finetune_start.py --graph inception_v3@4xK80 --fits never,always --evals 14000 \
-        --seeds 0,1,2 [--scratch]
+        --seeds 0,1,2 [--scratch] [--config '{"local_accept0": 0.05}']
     .venv/bin/python benchmarks/finetune_start.py --table        # the means of the kept records
 
 One problem is built per graph (cluster, costs, grouping, baselines); each run is `placer.search.search(problem,
@@ -29,7 +29,8 @@ from _cluster import RESULTS, machine, now, placer_commit  # noqa: E402
 OUT = RESULTS / "finetune_start.jsonl"
 
 
-def run(spec: str, methods: list[str], evals: int, seeds: list[int], policy: str) -> list[dict]:
+def run(spec: str, methods: list[str], evals: int, seeds: list[int], policy: str,
+        overrides: dict | None = None) -> list[dict]:
     import numpy as np
 
     from placer.bench import best_within, policy_curve
@@ -46,7 +47,7 @@ def run(spec: str, methods: list[str], evals: int, seeds: list[int], policy: str
     try:
         for seed in seeds:
             for m in methods:
-                cfg, kw = ReinforceConfig.for_reward("sim", seed=seed), {}
+                cfg, kw = ReinforceConfig.for_reward("sim", **{**(overrides or {}), "seed": seed}), {}
                 if m != "scratch":
                     w = load_policy(policy)
                     cfg = replace(cfg, portable=True, hidden_size=w.hidden_size, attn_size=w.attn_size,
@@ -57,7 +58,7 @@ def run(spec: str, methods: list[str], evals: int, seeds: list[int], policy: str
                 curve = policy_curve(res, len(problem.baselines))
                 zs = res.extra.get("zero_shot", {})
                 rec = {"bench": "finetune_start", "graph": spec, "method": m, "seed": seed, "evals": evals,
-                       "policy": None if m == "scratch" else policy,
+                       "policy": None if m == "scratch" else policy, **({"config": overrides} if overrides else {}),
                        "best_s": float(res.search_best) if np.isfinite(res.search_best) else None,
                        "s_at_evals": {str(n): best_within(curve, n) for n in (1000, 5000, evals)},
                        "evaluations": res.evaluations, "wall_s": time.perf_counter() - t0,
@@ -79,15 +80,18 @@ def table(path: Path = OUT) -> str:
     groups: dict[tuple, list[dict]] = {}
     for line in path.read_text().splitlines():
         r = json.loads(line)
-        groups.setdefault((r["graph"], r["evals"], r["method"]), []).append(r)
-    rows = ["| graph | method | seeds | best at 1,000 (s) | at 5,000 (s) | at N (s) | N |", "|---|---|---|---:|---:|---:|---:|"]
-    for (g, n, m), rs in sorted(groups.items()):
+        conf = json.dumps(r["config"], sort_keys=True) if r.get("config") else ""
+        groups.setdefault((r["graph"], r["evals"], r["method"], conf), []).append(r)
+    rows = ["| graph | method | seeds | best at 1,000 (s) | at 5,000 (s) | at N (s) | N |",
+            "|---|---|---|---:|---:|---:|---:|"]
+    for (g, n, m, conf), rs in sorted(groups.items()):
 
         def mean(k: str) -> str:
             v = [r["s_at_evals"][k] for r in rs if r["s_at_evals"].get(k) is not None]
             return f"{np.mean(v):.4f}" if len(v) == len(rs) else "n/a"
 
-        rows.append(f"| {g} | {m} | {','.join(str(r['seed']) for r in rs)} | {mean('1000')} | {mean('5000')} | "
+        seeds = ",".join(str(r["seed"]) for r in rs)
+        rows.append(f"| {g} | {m}{' ' + conf if conf else ''} | {seeds} | {mean('1000')} | {mean('5000')} | "
                     f"{mean(str(n))} | {n:,} |")
     return "\n".join(rows)
 
@@ -100,6 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--evals", type=int, default=14000)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--policy", default="default")
+    ap.add_argument("--config", default="", metavar="JSON",
+                    help="ReinforceConfig overrides for every run (a JSON object; recorded, and a row of its own)")
     ap.add_argument("--table", action="store_true", help="print the table of the kept records and exit")
     a = ap.parse_args(argv)
     if a.table:
@@ -109,7 +115,21 @@ def main(argv=None) -> int:
     bad = [m for m in methods if m not in ("never", "always", "auto", "scratch")]
     if bad:
         ap.error(f"unknown fit {bad[0]!r} (never, always, auto)")
-    run(a.graph, methods, a.evals, [int(s) for s in a.seeds.split(",")], a.policy)
+    overrides = {}
+    if a.config:
+        from dataclasses import fields
+
+        from placer.rl.reinforce import ReinforceConfig
+        try:
+            overrides = json.loads(a.config)
+        except json.JSONDecodeError as e:
+            ap.error(f"--config is not JSON: {e}")
+        if not isinstance(overrides, dict):
+            ap.error("--config wants a JSON object of ReinforceConfig fields")
+        unknown = sorted(set(overrides) - {f.name for f in fields(ReinforceConfig)})
+        if unknown:
+            ap.error(f"--config: unknown ReinforceConfig fields: {', '.join(unknown)}")
+    run(a.graph, methods, a.evals, [int(s) for s in a.seeds.split(",")], a.policy, overrides)
     print(table())
     return 0
 
