@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cluster import RESULTS, machine, now, write_json, write_section  # noqa: E402
+from _cluster import RESULTS, machine, now, placer_commit, write_json, write_section  # noqa: E402
 
 GRAPHS = ("inception_v3@4xK80", "gpt@DGX1:fp16", "clip@DGX1:fp16")
 
@@ -132,6 +132,36 @@ def compare_splits(specs: list[str], policy: str, splits: list[tuple], seeds: in
                   f"{np.mean([r['zero_shot'].get('samples', 0) for r in recs]):.0f} samples, "
                   f"{np.mean([r['zero_shot'].get('refine_evaluations', 0) for r in recs]):.0f} local moves, wall "
                   f"{np.mean([r['zero_shot_wall_s'] for r in recs]):.1f} s", flush=True)
+
+
+def seeds_table(recs: list[dict], finetune: str = "finetune60_s", scratch: str = "scratch300_s") -> str:
+    """Per graph, over the seeds recorded (a record without `seed` is seed 0: results/transfer.json): the
+    zero-shot answer, the fine-tune and the longest search from scratch (their means, and each seed's), and the
+    two targets' gaps: zero-shot and fine-tune against the search from scratch of the same seed (+: slower)."""
+    import numpy as np
+
+    by: dict[str, dict[int, dict]] = {}
+    for r in recs:
+        by.setdefault(r["graph"], {})[int(r.get("seed", 0))] = r      # a seed run twice: its latest record
+    rows = [f"| graph | seeds | zero-shot (s) | {finetune[:-2]} (s) | {scratch[:-2]} (s) | zero-shot vs "
+            f"{scratch[:-2]} | {finetune[:-2]} vs {scratch[:-2]} |", "|---|---|---:|---:|---:|---:|---:|"]
+
+    def cell(vals: list) -> str:
+        v = [x for x in vals if x is not None]
+        return f"{np.mean(v):.4f} ({' / '.join(f'{x:.4f}' for x in v)})" if len(v) == len(vals) and v else "n/a"
+
+    def gap(a: list, b: list) -> str:
+        if any(x is None for x in a + b) or not a:
+            return "n/a"
+        g = [100 * (x / y - 1) for x, y in zip(a, b)]
+        return f"{np.mean(g):+.1f}% ({' / '.join(f'{x:+.1f}%' for x in g)})"
+
+    for graph, seeds in by.items():
+        rs = [seeds[k] for k in sorted(seeds)]
+        zs, ft, sc = ([r.get(k) for r in rs] for k in ("zero_shot_s", finetune, scratch))
+        rows.append(f"| {graph} | {','.join(str(int(r.get('seed', 0))) for r in rs)} | {cell(zs)} | {cell(ft)} | "
+                    f"{cell(sc)} | {gap(zs, sc)} | {gap(ft, sc)} |")
+    return "\n".join(rows)
 
 
 def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], seed: int) -> dict:
@@ -291,6 +321,12 @@ def main(argv=None) -> int:
     ap.add_argument("--scratch", default="60,300", help="budgets of the searches from scratch (seconds)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--append", default="", metavar="FILE",
+                    help="append each graph's record (with its seed, date and commit) as a JSON line to FILE "
+                         "instead of writing results/transfer.json and the RESULTS.md section: more seeds")
+    ap.add_argument("--seeds-table", default="", metavar="FILE",
+                    help="print, per graph, the targets over the seeds of results/transfer.json (seed 0) and of "
+                         "FILE's lines (from --append), and exit")
     ap.add_argument("--zero-shot-only", action="store_true",
                     help="only the zero-shot answers (step time and wall), printed; writes nothing")
     ap.add_argument("--splits", default="", metavar="S:R[:M],...",
@@ -302,6 +338,13 @@ def main(argv=None) -> int:
                     help="with --splits: other ReinforceConfig fields for the zero-shot answer, e.g. "
                          "'{\"zero_shot_refine_accept0\": 0.2}'")
     a = ap.parse_args(argv)
+    if a.seeds_table:
+        path = Path(a.seeds_table)
+        if not path.is_file():
+            ap.error(f"--seeds-table: no file {path}")
+        print(seeds_table([*json.loads((RESULTS / "transfer.json").read_text()),
+                           *(json.loads(x) for x in path.read_text().splitlines() if x.strip())]))
+        return 0
     overrides = {}
     if a.zero_shot_config:
         from dataclasses import fields
@@ -353,10 +396,15 @@ def main(argv=None) -> int:
     recs = []
     for spec in specs:
         recs.append(run_graph(spec, a.policy, a.finetune, scratch, a.seed))
-        if not a.no_write:       # after every graph: a killed run keeps what it measured
+        if a.append:             # after every graph: a killed run keeps what it measured
+            line = {**{k: v for k, v in recs[-1].items() if k not in ("baselines", "zero_shot")}, "seed": a.seed,
+                    "date": date, "commit": placer_commit(), "machine": mach, "command": command.strip()}
+            with open(a.append, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        elif not a.no_write:
             write_json(RESULTS / "transfer.json", recs)
     print(json.dumps([{k: v for k, v in r.items() if k not in ("baselines", "zero_shot")} for r in recs], indent=1))
-    if not a.no_write:
+    if not a.no_write and not a.append:
         write_section("transfer", section(recs, info, command.strip(), date, mach, a.finetune, scratch,
                                                   warm_s))
         print(f"wrote {RESULTS / 'transfer.json'} and the RESULTS.md section")
