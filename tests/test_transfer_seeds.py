@@ -1,0 +1,28 @@
+"""benchmarks/transfer.py --seeds-table: the held-out targets over seeds, each seed's gap against its own search
+from scratch."""
+import json
+
+
+def test_seeds_table_gaps_are_per_seed_and_a_record_without_seed_is_seed_0(benchmark_script):
+    mod = benchmark_script("transfer")
+    recs = [{"graph": "gpt@DGX1:fp16", "zero_shot_s": 0.30, "finetune60_s": 0.22, "scratch300_s": 0.20},
+            {"graph": "gpt@DGX1:fp16", "seed": 1, "zero_shot_s": 0.33, "finetune60_s": 0.33, "scratch300_s": 0.30},
+            {"graph": "clip@DGX1:fp16", "seed": 2, "zero_shot_s": None, "finetune60_s": 0.2, "scratch300_s": 0.2}]
+    rows = mod.seeds_table(recs).splitlines()
+    assert rows[0].startswith("| graph | seeds | zero-shot (s) | finetune60 (s) | scratch300 (s) |")
+    assert rows[2] == ("| gpt@DGX1:fp16 | 0,1 | 0.3150 (0.3000 / 0.3300) | 0.2750 (0.2200 / 0.3300) | "
+                       "0.2500 (0.2000 / 0.3000) | +27.5% (+50.0% / +10.0%) | +10.0% (+10.0% / +10.0%) |")
+    assert rows[3] == "| clip@DGX1:fp16 | 2 | n/a | 0.2000 (0.2000) | 0.2000 (0.2000) | n/a | +0.0% (+0.0%) |"
+
+
+def test_seeds_table_reads_transfer_json_and_the_appended_lines(benchmark_script, tmp_path, monkeypatch, capsys):
+    mod = benchmark_script("transfer")
+    (tmp_path / "transfer.json").write_text(json.dumps([{"graph": "g@2xK80", "zero_shot_s": 0.2,
+                                                         "finetune60_s": 0.2, "scratch300_s": 0.1}]))
+    extra = tmp_path / "more.jsonl"
+    extra.write_text(json.dumps({"graph": "g@2xK80", "seed": 1, "zero_shot_s": 0.1, "finetune60_s": 0.1,
+                                 "scratch300_s": 0.1}) + "\n")
+    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+    assert mod.main(["--seeds-table", str(extra)]) == 0
+    out = capsys.readouterr().out
+    assert "| g@2xK80 | 0,1 | 0.1500 (0.2000 / 0.1000) |" in out and "+50.0% (+100.0% / +0.0%) |" in out
