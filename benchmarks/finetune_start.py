@@ -85,6 +85,7 @@ def table(path: Path = OUT) -> str:
     rows = ["| graph | method | seeds | best at 1,000 (s) | at 5,000 (s) | at N (s) | N |",
             "|---|---|---|---:|---:|---:|---:|"]
     for (g, n, m, conf), rs in sorted(groups.items()):
+        rs = sorted(rs, key=lambda r: r["seed"])
 
         def mean(k: str) -> str:
             v = [r["s_at_evals"][k] for r in rs if r["s_at_evals"].get(k) is not None]

@@ -769,7 +769,8 @@ class Search:
         search's wall time so far (or the wall budget is spent); `_chain_share` raises it while the policy's
         samples bring no best. At most `limit` evaluations (what is left of
         `max_evaluations`), through `evaluate_groups` (with the cache, placements evaluated before are looked
-        up). Returns (the search's best improved, the run's best improved)."""
+        up). With `local_restarts` > 0 the schedule is cut into parts, each starting again at T0 from the run's
+        best (`_chain_reheat`). Returns (the search's best improved, the run's best improved)."""
         cfg = self.config
         n = cfg.local_moves if limit is None else min(cfg.local_moves, limit)
         if n <= 0 or self.elite_groups is None or not np.isfinite(self.elite_time):
