@@ -5,14 +5,19 @@ import json
 
 def test_seeds_table_gaps_are_per_seed_and_a_record_without_seed_is_seed_0(benchmark_script):
     mod = benchmark_script("transfer")
-    recs = [{"graph": "gpt@DGX1:fp16", "zero_shot_s": 0.30, "finetune60_s": 0.22, "scratch300_s": 0.20},
-            {"graph": "gpt@DGX1:fp16", "seed": 1, "zero_shot_s": 0.33, "finetune60_s": 0.33, "scratch300_s": 0.30},
+    recs = [{"graph": "gpt@DGX1:fp16", "zero_shot_s": 0.30, "finetune60_s": 0.22, "scratch300_s": 0.20,
+             "best_baseline_s": 0.6, "zero_shot_wall_s": 7.0},
+            {"graph": "gpt@DGX1:fp16", "seed": 1, "zero_shot_s": 0.33, "finetune60_s": 0.33, "scratch300_s": 0.30,
+             "best_baseline_s": 0.3, "zero_shot_wall_s": 9.0},
             {"graph": "clip@DGX1:fp16", "seed": 2, "zero_shot_s": None, "finetune60_s": 0.2, "scratch300_s": 0.2}]
     rows = mod.seeds_table(recs).splitlines()
-    assert rows[0].startswith("| graph | seeds | zero-shot (s) | finetune60 (s) | scratch300 (s) |")
-    assert rows[2] == ("| gpt@DGX1:fp16 | 0,1 | 0.3150 (0.3000 / 0.3300) | 0.2750 (0.2200 / 0.3300) | "
-                       "0.2500 (0.2000 / 0.3000) | +27.5% (+50.0% / +10.0%) | +10.0% (+10.0% / +10.0%) |")
-    assert rows[3] == "| clip@DGX1:fp16 | 2 | n/a | 0.2000 (0.2000) | 0.2000 (0.2000) | n/a | +0.0% (+0.0%) |"
+    assert rows[0].startswith("| graph | seeds | zero-shot (s) | zero-shot wall, max (s) | zero-shot vs best baseline "
+                              "| finetune60 (s) | scratch300 (s) |")
+    assert rows[2] == ("| gpt@DGX1:fp16 | 0,1 | 0.3150 (0.3000 / 0.3300) | 9.0 | -20.0% (-50.0% / +10.0%) | "
+                       "0.2750 (0.2200 / 0.3300) | 0.2500 (0.2000 / 0.3000) | +30.0% (+50.0% / +10.0%) | "
+                       "+10.0% (+10.0% / +10.0%) |")
+    assert rows[3] == ("| clip@DGX1:fp16 | 2 | n/a | n/a | n/a | 0.2000 (0.2000) | 0.2000 (0.2000) | n/a | "
+                       "+0.0% (+0.0%) |")
 
 
 def test_seeds_table_reads_transfer_json_and_the_appended_lines(benchmark_script, tmp_path, monkeypatch, capsys):
@@ -25,4 +30,4 @@ def test_seeds_table_reads_transfer_json_and_the_appended_lines(benchmark_script
     monkeypatch.setattr(mod, "RESULTS", tmp_path)
     assert mod.main(["--seeds-table", str(extra)]) == 0
     out = capsys.readouterr().out
-    assert "| g@2xK80 | 0,1 | 0.1500 (0.2000 / 0.1000) |" in out and "+50.0% (+100.0% / +0.0%) |" in out
+    assert "| g@2xK80 | 0,1 | 0.1500 (0.2000 / 0.1000) | n/a | n/a |" in out and "+50.0% (+100.0% / +0.0%) |" in out
