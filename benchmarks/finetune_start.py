@@ -30,7 +30,7 @@ OUT = RESULTS / "finetune_start.jsonl"
 
 
 def run(spec: str, methods: list[str], evals: int, seeds: list[int], policy: str,
-        overrides: dict | None = None) -> list[dict]:
+        overrides: dict | None = None, split_groups: str | None = None) -> list[dict]:
     import numpy as np
 
     from placer.bench import best_within, policy_curve
@@ -41,7 +41,7 @@ def run(spec: str, methods: list[str], evals: int, seeds: list[int], policy: str
     from transfer import parse_graph
 
     model, size, cluster, precision = parse_graph(spec)
-    problem = build_problem(build_model(model, size, precision=precision), cluster, seed=0)
+    problem = build_problem(build_model(model, size, precision=precision), cluster, seed=0, split_groups=split_groups)
     stamp = {"date": now(), "commit": placer_commit(), "machine": machine()}
     recs = []
     try:
@@ -59,6 +59,8 @@ def run(spec: str, methods: list[str], evals: int, seeds: list[int], policy: str
                 zs = res.extra.get("zero_shot", {})
                 rec = {"bench": "finetune_start", "graph": spec, "method": m, "seed": seed, "evals": evals,
                        "policy": None if m == "scratch" else policy, **({"config": overrides} if overrides else {}),
+                       **({"split_groups": split_groups, "groups": problem.grouping.num_groups}
+                          if split_groups else {}),
                        "best_s": float(res.search_best) if np.isfinite(res.search_best) else None,
                        "s_at_evals": {str(n): best_within(curve, n) for n in (1000, 5000, evals)},
                        "evaluations": res.evaluations, "wall_s": time.perf_counter() - t0,
@@ -81,6 +83,8 @@ def table(path: Path = OUT) -> str:
     for line in path.read_text().splitlines():
         r = json.loads(line)
         conf = json.dumps(r["config"], sort_keys=True) if r.get("config") else ""
+        if r.get("split_groups"):
+            conf = (conf + " " if conf else "") + f"--split-groups {r['split_groups']}"
         groups.setdefault((r["graph"], r["evals"], r["method"], conf), []).append(r)
     rows = ["| graph | method | seeds | best at 1,000 (s) | at 5,000 (s) | at N (s) | N |",
             "|---|---|---|---:|---:|---:|---:|"]
@@ -107,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", default="default")
     ap.add_argument("--config", default="", metavar="JSON",
                     help="ReinforceConfig overrides for every run (a JSON object; recorded, and a row of its own)")
+    ap.add_argument("--split-groups", default=None, metavar="BASELINE",
+                    help="groups that follow a baseline's devices (`build_problem(split_groups=...)`, e.g. best)")
     ap.add_argument("--table", action="store_true", help="print the table of the kept records and exit")
     a = ap.parse_args(argv)
     if a.table:
@@ -130,7 +136,7 @@ def main(argv=None) -> int:
         unknown = sorted(set(overrides) - {f.name for f in fields(ReinforceConfig)})
         if unknown:
             ap.error(f"--config: unknown ReinforceConfig fields: {', '.join(unknown)}")
-    run(a.graph, methods, a.evals, [int(s) for s in a.seeds.split(",")], a.policy, overrides)
+    run(a.graph, methods, a.evals, [int(s) for s in a.seeds.split(",")], a.policy, overrides, a.split_groups)
     print(table())
     return 0
 
