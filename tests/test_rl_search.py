@@ -522,7 +522,7 @@ def test_the_chain_jumps_only_once_local_jump_after_of_the_budget_is_spent(monke
         np.testing.assert_array_equal(_chain_base(s, bases), expect)
 
 
-def test_local_restarts_reheat_the_chain_from_the_runs_best_once_per_part(monkeypatch):
+def test_local_restarts_reheat_the_chain_from_the_runs_best_once_per_part(monkeypatch, tmp_path):
     # ReinforceConfig.local_restarts: the chain's schedule is cut into parts; on entering a new part the chain goes
     # back to the run's best (even with local_jump off) and its temperature restarts at T0; within a part it keeps
     # its own point
@@ -541,6 +541,13 @@ def test_local_restarts_reheat_the_chain_from_the_runs_best_once_per_part(monkey
         np.testing.assert_array_equal(bases[0], OWN)
     with pytest.raises(SearchError, match=r"ReinforceConfig.local_restarts must be a whole number >= 0, got -1"):
         Search(gr, ev, config=ReinforceConfig(local_restarts=-1), **kw)
+    cfg = ReinforceConfig(seed=0, local_moves=8, local_restarts=2, **SMALL)   # the part is checkpointed
+    s = Search(gr, ToyEvaluator(ev.target_ops), config=cfg, out_dir=tmp_path, **kw)
+    s.run(60, max_updates=1)
+    s._chain_seg = 2
+    s.save_checkpoint()
+    r = Search(gr, ToyEvaluator(ev.target_ops), config=cfg, out_dir=tmp_path, **kw)
+    assert r.load_checkpoint() and r._chain_seg == 2
 
 
 def _slow_clock(monkeypatch):
