@@ -73,6 +73,28 @@ def write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def reinforce_overrides(ap, flag: str, text: str) -> dict:
+    """A flag's JSON object of `ReinforceConfig` fields (transfer.py --zero-shot-config, finetune_start.py
+    --config): {} when empty; otherwise not JSON, not an object or an unknown field is one `ap.error` line naming
+    the flag."""
+    if not text:
+        return {}
+    from dataclasses import fields
+
+    from placer.rl.reinforce import ReinforceConfig
+
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as e:
+        ap.error(f"{flag} is not JSON: {e}")
+    if not isinstance(overrides, dict):
+        ap.error(f"{flag} wants a JSON object of ReinforceConfig fields")
+    unknown = sorted(set(overrides) - {f.name for f in fields(ReinforceConfig)})
+    if unknown:
+        ap.error(f"{flag}: unknown ReinforceConfig fields: {', '.join(unknown)}")
+    return overrides
+
+
 def placer_commit() -> str | None:
     """The commit of the `placer` package imported (PYTHONPATH may point at another checkout)."""
     import placer

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cluster import RESULTS, machine, now, placer_commit  # noqa: E402
+from _cluster import RESULTS, machine, now, placer_commit, reinforce_overrides  # noqa: E402
 
 OUT = RESULTS / "finetune_start.jsonl"
 
@@ -122,20 +122,7 @@ def main(argv=None) -> int:
     bad = [m for m in methods if m not in ("never", "always", "auto", "scratch")]
     if bad:
         ap.error(f"unknown fit {bad[0]!r} (never, always, auto)")
-    overrides = {}
-    if a.config:
-        from dataclasses import fields
-
-        from placer.rl.reinforce import ReinforceConfig
-        try:
-            overrides = json.loads(a.config)
-        except json.JSONDecodeError as e:
-            ap.error(f"--config is not JSON: {e}")
-        if not isinstance(overrides, dict):
-            ap.error("--config wants a JSON object of ReinforceConfig fields")
-        unknown = sorted(set(overrides) - {f.name for f in fields(ReinforceConfig)})
-        if unknown:
-            ap.error(f"--config: unknown ReinforceConfig fields: {', '.join(unknown)}")
+    overrides = reinforce_overrides(ap, "--config", a.config)
     run(a.graph, methods, a.evals, [int(s) for s in a.seeds.split(",")], a.policy, overrides, a.split_groups)
     print(table())
     return 0

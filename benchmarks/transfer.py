@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cluster import RESULTS, machine, now, placer_commit, write_json, write_section  # noqa: E402
+from _cluster import RESULTS, machine, now, placer_commit, reinforce_overrides, write_json, write_section  # noqa: E402
 
 GRAPHS = ("inception_v3@4xK80", "gpt@DGX1:fp16", "clip@DGX1:fp16")
 
@@ -132,6 +132,11 @@ def compare_splits(specs: list[str], policy: str, splits: list[tuple], seeds: in
                   f"{np.mean([r['zero_shot'].get('samples', 0) for r in recs]):.0f} samples, "
                   f"{np.mean([r['zero_shot'].get('refine_evaluations', 0) for r in recs]):.0f} local moves, wall "
                   f"{np.mean([r['zero_shot_wall_s'] for r in recs]):.1f} s", flush=True)
+
+
+def brief(rec: dict) -> dict:
+    """A graph's record without its per-baseline times and zero-shot details (printed, and --append's lines)."""
+    return {k: v for k, v in rec.items() if k not in ("baselines", "zero_shot")}
 
 
 def seeds_table(recs: list[dict], finetune: str = "finetune60_s", scratch: str = "scratch300_s") -> str:
@@ -349,22 +354,9 @@ def main(argv=None) -> int:
         print(seeds_table([*json.loads((RESULTS / "transfer.json").read_text()),
                            *(json.loads(x) for x in path.read_text().splitlines() if x.strip())]))
         return 0
-    overrides = {}
-    if a.zero_shot_config:
-        from dataclasses import fields
-
-        from placer.rl.reinforce import ReinforceConfig
-
-        try:
-            overrides = json.loads(a.zero_shot_config)
-        except ValueError as e:
-            ap.error(f"--zero-shot-config is not JSON: {e}")
-        known = {f.name for f in fields(ReinforceConfig)}
-        if not isinstance(overrides, dict) or set(overrides) - known:
-            ap.error(f"--zero-shot-config wants an object of ReinforceConfig fields; unknown: "
-                     f"{sorted(set(overrides) - known) if isinstance(overrides, dict) else overrides!r}")
-        if not a.splits:
-            ap.error("--zero-shot-config goes with --splits")
+    overrides = reinforce_overrides(ap, "--zero-shot-config", a.zero_shot_config)
+    if a.zero_shot_config and not a.splits:
+        ap.error("--zero-shot-config goes with --splits")
     specs = [s for s in a.graphs.split(",") if s]
     if a.splits and not a.zero_shot_only:
         ap.error("--splits compares zero-shot answers: give it with --zero-shot-only")
@@ -401,13 +393,13 @@ def main(argv=None) -> int:
     for spec in specs:
         recs.append(run_graph(spec, a.policy, a.finetune, scratch, a.seed))
         if a.append:             # after every graph: a killed run keeps what it measured
-            line = {**{k: v for k, v in recs[-1].items() if k not in ("baselines", "zero_shot")}, "seed": a.seed,
-                    "date": date, "commit": placer_commit(), "machine": mach, "command": command.strip()}
+            line = {**brief(recs[-1]), "seed": a.seed, "date": date, "commit": placer_commit(), "machine": mach,
+                    "command": command.strip()}
             with open(a.append, "a") as f:
                 f.write(json.dumps(line) + "\n")
         elif not a.no_write:
             write_json(RESULTS / "transfer.json", recs)
-    print(json.dumps([{k: v for k, v in r.items() if k not in ("baselines", "zero_shot")} for r in recs], indent=1))
+    print(json.dumps([brief(r) for r in recs], indent=1))
     if not a.no_write and not a.append:
         write_section("transfer", section(recs, info, command.strip(), date, mach, a.finetune, scratch,
                                                   warm_s))

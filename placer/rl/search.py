@@ -794,8 +794,7 @@ class Search:
             return cfg.local_batch if limit is None else min(cfg.local_batch, limit - drawn)
         if self._chain is None or (cfg.local_jump and self.elite_time < self._chain_best      # a new best: jump
                                    and self._progress() >= cfg.local_jump_after):
-            self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
-            self._local_seen.add(group_key(self._chain))
+            self._chain_to_elite()
         if len(self._local_seen) > LOCAL_SEEN_MAX:
             self._local_seen = {group_key(self._chain)}
         improved = improved_run = False
@@ -815,7 +814,7 @@ class Search:
                 self._chain_p0 = min(self._progress(), 1.0) if cfg.local_schedule == "chain" else 0.0
             t0 = self._chain_t0
             t_fin = min(cfg.local_t_final, t0)
-            temp = t0 * (t_fin / t0) ** self._chain_part_q()
+            temp = t0 * (t_fin / t0) ** self._chain_part()[1]
             self._chain_accept(delta, temp)
         self._chain_best = float(self.elite_time)
         self.local_seconds += time.perf_counter() - t_call
@@ -839,25 +838,31 @@ class Search:
         p0 = self._chain_p0 if np.isfinite(self._chain_p0) else 0.0     # "search": 0, the whole budget
         return min(1.0, max(0.0, (self._progress() - p0) / max(1e-9, 1.0 - p0)))
 
-    def _chain_part_q(self) -> float:
-        """Where the chain is in the current part of its schedule, 0..1 (`_chain_q` with `local_restarts` = 0)."""
+    def _chain_part(self) -> tuple[int, float]:
+        """Which part of its schedule the chain is in (`local_restarts` + 1 equal parts of `_chain_q`) and where in
+        it, 0..1 (with `local_restarts` = 0: part 0, at `_chain_q`)."""
         parts = self.config.local_restarts + 1
         q = self._chain_q()
-        return min(1.0, q * parts - min(int(q * parts), parts - 1))
+        seg = min(int(q * parts), parts - 1)
+        return seg, min(1.0, q * parts - seg)
+
+    def _chain_to_elite(self) -> None:
+        """The chain's point becomes the run's best (a jump to the policy's new best, or a reheat)."""
+        self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
+        self._local_seen.add(group_key(self._chain))
 
     def _chain_reheat(self) -> None:
         """`ReinforceConfig.local_restarts`: once the chain's schedule enters a new part, the chain goes back to the
-        run's best (its temperature is back at T0 by `_chain_part_q`), as annealing's restarts go back to the best
+        run's best (its temperature is back at T0 by `_chain_part`), as annealing's restarts go back to the best
         so far."""
-        parts = self.config.local_restarts + 1
-        seg = min(int(self._chain_q() * parts), parts - 1)
+        seg = self._chain_part()[0]
         if seg == self._chain_seg:
             return
         self._chain_seg = seg
         if self.elite_groups is not None and np.isfinite(self.elite_time):
-            self._chain, self._chain_c = np.asarray(self.elite_groups, np.int32).copy(), float(self.elite_time)
-            self._local_seen.add(group_key(self._chain))
-            log.info("local moves: reheat %d of %d from the run's best (%.4g s)", seg, parts - 1, self.elite_time)
+            self._chain_to_elite()
+            log.info("local moves: reheat %d of %d from the run's best (%.4g s)", seg, self.config.local_restarts,
+                     self.elite_time)
 
     def _chain_share(self) -> float:
         """The chain's share of the wall time (`_local_moves`): `ReinforceConfig.local_share`, or
