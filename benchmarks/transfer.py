@@ -20,6 +20,8 @@ For each held-out graph (`placer.pretrain.HELD_OUT` families: inception_v3, gpt,
 - `best_baseline_s`: the fastest of the baselines (op level), and its `best_baseline_spread`;
 - at 1,000 and 5,000 evaluations (`*_s_at_evals`): the fine-tune, each search from scratch and the
   annealing reference (`placer.baselines.anneal`, one run per count), counted as `placer bench` counts them.
+`--anneal-at-finetune FILE` then runs the annealer once per recorded fine-tune, with that fine-tune's own
+evaluation count as its budget (results/transfer_anneal.jsonl; `--seeds-table` compares them).
 Every search figure is the policy's own best (`search_best_s`), never the baseline floor. Simulated step times
 (preset clusters, analytical costs); wall times measured on this machine. Writes results/transfer.json and the
 RESULTS.md section "Placing unseen graphs".
@@ -134,6 +136,10 @@ def compare_splits(specs: list[str], policy: str, splits: list[tuple], seeds: in
                   f"{np.mean([r['zero_shot_wall_s'] for r in recs]):.1f} s", flush=True)
 
 
+def json_lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
 def brief(rec: dict) -> dict:
     """A graph's record without its per-baseline times and zero-shot details (printed, and --append's lines)."""
     return {k: v for k, v in rec.items() if k not in ("baselines", "zero_shot")}
@@ -171,6 +177,67 @@ def seeds_table(recs: list[dict], finetune: str = "finetune60_s", scratch: str =
         rows.append(f"| {graph} | {','.join(str(int(r.get('seed', 0))) for r in rs)} | {cell(zs)} | {w} | "
                     f"{gap(zs, bb)} | {cell(ft)} | {cell(sc)} | {gap(zs, sc)} | {gap(ft, sc)} |")
     return "\n".join(rows)
+
+
+def anneal_table(recs: list[dict], anneal: list[dict], finetune: str = "finetune60") -> str:
+    """Per graph, the fine-tune against annealing at the fine-tune's own evaluation count (`anneal` lines of
+    --anneal-at-finetune, matched to `recs` by graph and seed; seeds with both only): means, each seed's, and
+    the gap (+: the fine-tune slower)."""
+    import numpy as np
+
+    ann = {(a["graph"], int(a["seed"])): a for a in anneal}      # a seed run twice: its latest line
+    by: dict[str, dict[int, tuple]] = {}
+    for r in recs:
+        a = ann.get((r["graph"], int(r.get("seed", 0))))
+        if a is not None and r.get(f"{finetune}_s") is not None and a.get("anneal_s") is not None:
+            by.setdefault(r["graph"], {})[int(r.get("seed", 0))] = (r[f"{finetune}_s"], a["anneal_s"],
+                                                                    int(a["evaluations"]))
+    rows = [f"| graph | seeds | {finetune} evaluations | {finetune} (s) | anneal at them (s) | {finetune} vs anneal |",
+            "|---|---|---|---:|---:|---:|"]
+    for graph, seeds in by.items():
+        ks = sorted(seeds)
+        ft, an, ev = ([seeds[k][j] for k in ks] for j in range(3))
+        g = [100 * (x / y - 1) for x, y in zip(ft, an)]
+        rows.append(f"| {graph} | {','.join(map(str, ks))} | {' / '.join(f'{n:,}' for n in ev)} | "
+                    f"{np.mean(ft):.4f} ({' / '.join(f'{x:.4f}' for x in ft)}) | "
+                    f"{np.mean(an):.4f} ({' / '.join(f'{x:.4f}' for x in an)}) | "
+                    f"{np.mean(g):+.1f}% ({' / '.join(f'{x:+.1f}%' for x in g)}) |")
+    return "\n".join(rows)
+
+
+def anneal_at_finetune(recs: list[dict], specs: list[str], out: Path, command: str,
+                       finetune: str = "finetune60") -> None:
+    """For each record of a graph in `specs`: the annealer (`placer.baselines.anneal`, default settings) on the
+    record's problem (same graph, cluster and seed, so the same baselines and groups), given the fine-tune's own
+    evaluation count as its budget, counted the same way (baselines and grouped baselines included). One JSON
+    line per record appended to `out`, after each run."""
+    import numpy as np
+
+    from placer.baselines.anneal import anneal
+    from placer.graphs.models import build_model
+    from placer.problem import build_problem
+
+    date, mach, commit = now(), machine(), placer_commit()
+    graphs: dict[str, object] = {}
+    for r in recs:
+        n = r.get(f"{finetune}_evaluations")
+        if r["graph"] not in specs or not n:
+            continue
+        model, size, cluster, precision = parse_graph(r["graph"])
+        g = graphs.get(r["graph"]) or graphs.setdefault(r["graph"], build_model(model, size, precision=precision))
+        seed = int(r.get("seed", 0))
+        problem = build_problem(g, cluster, seed=seed)
+        try:
+            res = anneal(problem, max_evaluations=int(n), seed=seed)
+        finally:
+            problem.close()
+        line = {"graph": r["graph"], "seed": seed, "evaluations": int(n), "anneal_evaluations": res.evaluations,
+                "anneal_s": float(res.step_time) if np.isfinite(res.step_time) else None, "anneal_wall_s": res.wall_s,
+                "anneal_start": res.start, f"{finetune}_s": r.get(f"{finetune}_s"), "date": date, "commit": commit,
+                "machine": mach, "command": command, "simulated": True}
+        with open(out, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        print(json.dumps(line), flush=True)
 
 
 def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], seed: int) -> dict:
@@ -336,6 +403,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds-table", default="", metavar="FILE",
                     help="print, per graph, the targets over the seeds of results/transfer.json (seed 0) and of "
                          "FILE's lines (from --append), and exit")
+    ap.add_argument("--anneal-at-finetune", default="", metavar="FILE",
+                    help="for each fine-tune of results/transfer.json and FILE's lines (of --graphs' graphs), run "
+                         "annealing with the fine-tune's evaluation count as its budget; append a line each to "
+                         "results/transfer_anneal.jsonl (which --seeds-table then compares), and exit")
     ap.add_argument("--zero-shot-only", action="store_true",
                     help="only the zero-shot answers (step time and wall), printed; writes nothing")
     ap.add_argument("--splits", default="", metavar="S:R[:M],...",
@@ -347,12 +418,20 @@ def main(argv=None) -> int:
                     help="with --splits: other ReinforceConfig fields for the zero-shot answer, e.g. "
                          "'{\"zero_shot_refine_accept0\": 0.2}'")
     a = ap.parse_args(argv)
-    if a.seeds_table:
-        path = Path(a.seeds_table)
+    if a.seeds_table or a.anneal_at_finetune:
+        flag, path = ("--seeds-table", Path(a.seeds_table)) if a.seeds_table else \
+            ("--anneal-at-finetune", Path(a.anneal_at_finetune))
         if not path.is_file():
-            ap.error(f"--seeds-table: no file {path}")
-        print(seeds_table([*json.loads((RESULTS / "transfer.json").read_text()),
-                           *(json.loads(x) for x in path.read_text().splitlines() if x.strip())]))
+            ap.error(f"{flag}: no file {path}")
+        recs = [*json.loads((RESULTS / "transfer.json").read_text()), *json_lines(path)]
+        if a.anneal_at_finetune:
+            command = "python benchmarks/transfer.py " + " ".join(argv if argv is not None else sys.argv[1:])
+            anneal_at_finetune(recs, [s for s in a.graphs.split(",") if s], RESULTS / "transfer_anneal.jsonl",
+                               command.strip())
+            return 0
+        print(seeds_table(recs))
+        if (RESULTS / "transfer_anneal.jsonl").is_file():
+            print("\n" + anneal_table(recs, json_lines(RESULTS / "transfer_anneal.jsonl")))
         return 0
     overrides = reinforce_overrides(ap, "--zero-shot-config", a.zero_shot_config)
     if a.zero_shot_config and not a.splits:

@@ -31,3 +31,31 @@ def test_seeds_table_reads_transfer_json_and_the_appended_lines(benchmark_script
     assert mod.main(["--seeds-table", str(extra)]) == 0
     out = capsys.readouterr().out
     assert "| g@2xK80 | 0,1 | 0.1500 (0.2000 / 0.1000) | n/a | n/a |" in out and "+50.0% (+100.0% / +0.0%) |" in out
+
+
+def test_anneal_table_pairs_each_fine_tune_with_annealing_of_its_seed(benchmark_script):
+    mod = benchmark_script("transfer")
+    recs = [{"graph": "g@2xK80", "finetune60_s": 0.19}, {"graph": "g@2xK80", "seed": 1, "finetune60_s": 0.22},
+            {"graph": "g@2xK80", "seed": 2, "finetune60_s": 0.1}]                # seed 2: no annealing run
+    ann = [{"graph": "g@2xK80", "seed": 0, "evaluations": 30000, "anneal_s": 0.2},
+           {"graph": "g@2xK80", "seed": 1, "evaluations": 31000, "anneal_s": 0.2},
+           {"graph": "h@2xK80", "seed": 0, "evaluations": 10, "anneal_s": 0.2}]   # no fine-tune of h
+    rows = mod.anneal_table(recs, ann).splitlines()
+    assert len(rows) == 3
+    assert rows[2] == ("| g@2xK80 | 0,1 | 30,000 / 31,000 | 0.2050 (0.1900 / 0.2200) | 0.2000 (0.2000 / 0.2000) | "
+                       "+2.5% (-5.0% / +10.0%) |")
+
+
+def test_anneal_at_finetune_gives_the_annealer_the_fine_tunes_evaluations(benchmark_script, tmp_path, monkeypatch):
+    mod = benchmark_script("transfer")
+    (tmp_path / "transfer.json").write_text(json.dumps([{"graph": "nmt/tiny@2xK80", "finetune60_s": 0.001,
+                                                         "finetune60_evaluations": 60}]))
+    extra = tmp_path / "more.jsonl"
+    extra.write_text(json.dumps({"graph": "rnnlm/tiny@2xK80", "seed": 1, "finetune60_evaluations": 60}) + "\n")
+    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+    assert mod.main(["--anneal-at-finetune", str(extra), "--graphs", "nmt/tiny@2xK80"]) == 0
+    lines = [json.loads(x) for x in (tmp_path / "transfer_anneal.jsonl").read_text().splitlines()]
+    assert len(lines) == 1                     # rnnlm is not among --graphs
+    (ln,) = lines
+    assert (ln["graph"], ln["seed"], ln["evaluations"]) == ("nmt/tiny@2xK80", 0, 60)
+    assert 0 < ln["anneal_evaluations"] <= 60 and ln["anneal_s"] > 0 and ln["simulated"] is True
