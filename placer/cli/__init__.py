@@ -68,6 +68,20 @@ def load_from_args(args):
     return load(path, fetches=getattr(args, "fetch", None) or None, batch_size=bs)
 
 
+def int_at_least(low: int):
+    """An argparse type: an integer >= `low` (else argparse's one-line usage error naming the flag)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more, got {value}")
+        return value
+
+    return parse
+
+
 def _json_flag(p):
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -80,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="import a graph and summarise ops, co-location groups and groups")
     _graph_args(p)
-    p.add_argument("--groups", type=int, default=80, help="maximum groups after grouping (default 80)")
+    p.add_argument("--groups", type=int_at_least(1), default=80, help="maximum groups after grouping (default 80)")
     _json_flag(p)
 
     p = sub.add_parser("simulate", help="simulate one training step of a placement on a (simulated) cluster")
@@ -90,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="single, random, round_robin, a baseline name, or a placement.json")
     p.add_argument("--costs", help="cost table file (from `placer profile`); default: analytical estimate")
     p.add_argument("--order", choices=["ready", "critical"], default="ready", help="per-device op order")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--trace", help="write a Chrome trace (Perfetto) of the simulated step")
     _json_flag(p)
 
@@ -108,12 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", help="token for the workers")
     p.add_argument("--costs", help="cost table file (from `placer profile`)")
     p.add_argument("--budget", type=float, default=300.0, help="search wall-time budget in seconds (default 300)")
-    p.add_argument("--max-updates", type=int, help="stop after this many policy updates")
-    p.add_argument("--max-evaluations", type=int,
+    p.add_argument("--max-updates", type=int_at_least(0), help="stop after this many policy updates (0: only "
+                                                                "the baselines)")
+    p.add_argument("--max-evaluations", type=int_at_least(1),
                    help="stop after this many placements were evaluated (the baselines count)")
-    p.add_argument("--patience", type=int, help="stop after this many updates without improvement")
-    p.add_argument("--groups", type=int, help="number of groups (default min(256, 20 x #devices))")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--patience", type=int_at_least(1), help="stop after this many updates without improvement")
+    p.add_argument("--groups", type=int_at_least(1), help="number of groups (default min(256, 20 x #devices))")
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--out", help="output directory")
     p.add_argument("--resume", metavar="DIR", help="continue the search saved in DIR")
     p.add_argument("--split-groups", metavar="BASELINE",
@@ -134,8 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the directory `placer search --out` wrote")
     p.add_argument("--exclude", required=True, help="lost devices, comma-separated (e.g. /GPU:3,/GPU:5)")
     p.add_argument("--budget", type=float, default=60.0, help="search seconds after the quick answer (default 60)")
-    p.add_argument("--max-updates", type=int, help="stop after this many policy updates")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--max-updates", type=int_at_least(0), help="stop after this many policy updates")
+    p.add_argument("--seed", type=int_at_least(0))
     p.add_argument("--out", required=True, help="output directory (files as for search)")
     p.add_argument("--no-progress", action="store_true")
     _json_flag(p)
@@ -151,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a measurement is cut")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     _json_flag(p)
 
     p = sub.add_parser("profile", help="record per-op times on real devices into a cost table")
@@ -161,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=5)
 
     p = sub.add_parser("worker", help="serve placement measurements over gRPC")
-    p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (default 127.0.0.1:50051)")
+    p.add_argument("--listen", default="127.0.0.1:50051",
+                   help="HOST:PORT (default 127.0.0.1:50051); port 0 picks a free port (printed at start)")
     p.add_argument("--token-file", help="file holding the shared token (required off loopback)")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
@@ -179,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", choices=["tiny", "small", "full"], default="full")
     p.add_argument("--reward", choices=["sim", "measure"], default="sim")
     p.add_argument("--budget", type=float, default=600.0, help="search seconds per cell")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--split-groups", metavar="BASELINE",
                    help="groups follow this baseline's device boundaries ('best': the fastest that fits), so the "
@@ -210,10 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "moves end first, the same seed gives the same answer every run")
     p.add_argument("--budget", type=float, default=0.0,
                    help="seconds of fine-tuning after the zero-shot answer (default 0: none)")
-    p.add_argument("--groups", type=int, help="number of groups (default min(256, 20 x #devices))")
+    p.add_argument("--groups", type=int_at_least(1), help="number of groups (default min(256, 20 x #devices))")
     p.add_argument("--no-baselines", action="store_true",
                    help="skip computing the baselines (faster on large graphs; the answer is the policy's alone)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _json_flag(p)
@@ -235,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher-seconds", type=float, default=0.0, metavar="S",
                    help="first anneal each problem's best grouped baseline for S seconds and imitate the annealed "
                         "placement when it is faster (default 0: imitate the baseline); on top of --budget")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     _json_flag(p)
 

@@ -1,0 +1,49 @@
+"""Bad command-line input: one line naming the flag, path or file at fault, a non-zero exit, no traceback."""
+from __future__ import annotations
+
+import pytest
+
+from placer.cli import main
+
+TINY = ["--model", "nmt", "--size", "tiny"]
+
+
+def _usage_error(argv, capsys) -> str:
+    """argparse's usage error for `argv`: exit 2, its last line (the one naming the flag)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", *TINY, "--cluster", "2xK80", "--placement", "random", "--seed", "-1"],
+     "argument --seed: must be 0 or more, got -1"),
+    (["search", *TINY, "--cluster", "2xK80", "--seed", "-1", "--out", "o"], "argument --seed: must be 0 or more"),
+    (["measure", *TINY, "--devices", "cpu:1", "--seed", "-1"], "argument --seed: must be 0 or more"),
+    (["place", *TINY, "--cluster", "2xK80", "--seed", "-1", "--out", "o"], "argument --seed: must be 0 or more"),
+    (["replace", "run", "--exclude", "/GPU:0", "--seed", "x", "--out", "o"],
+     "argument --seed: expected an integer, got 'x'"),
+    (["bench", "--seed", "-1"], "argument --seed: must be 0 or more"),
+    (["pretrain", "--out", "o", "--seed", "-1"], "argument --seed: must be 0 or more"),
+    (["inspect", *TINY, "--groups", "0"], "argument --groups: must be 1 or more, got 0"),
+    (["search", *TINY, "--cluster", "2xK80", "--groups", "-3", "--out", "o"], "argument --groups: must be 1 or more"),
+    (["place", *TINY, "--cluster", "2xK80", "--groups", "0", "--out", "o"], "argument --groups: must be 1 or more"),
+    (["search", *TINY, "--cluster", "2xK80", "--max-evaluations", "-1", "--out", "o"],
+     "argument --max-evaluations: must be 1 or more, got -1"),
+    (["search", *TINY, "--cluster", "2xK80", "--max-updates", "-2", "--out", "o"],
+     "argument --max-updates: must be 0 or more, got -2"),
+    (["search", *TINY, "--cluster", "2xK80", "--patience", "0", "--out", "o"],
+     "argument --patience: must be 1 or more"),
+])
+def test_out_of_range_numbers_are_a_usage_error_naming_the_flag(argv, message, capsys):
+    assert message in _usage_error(argv, capsys)
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1:65536"])
+def test_worker_port_out_of_range_is_one_line(listen):
+    from placer.errors import MeasurementError
+    from placer.runtime.worker import serve
+
+    with pytest.raises(MeasurementError, match=f"--listen '{listen}': the port must be 1-65535"):
+        serve(listen, block=False)
