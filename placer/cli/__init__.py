@@ -211,7 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "fine-tune with --budget)")
     _graph_args(p)
     p.add_argument("--policy", default="default", help="a `placer pretrain` directory, or 'default' (shipped)")
-    p.add_argument("--cluster", required=True, help="simulated hardware: NxKIND, a topology preset or a cluster JSON")
+    p.add_argument("--cluster", help="simulated hardware: NxKIND, a topology preset or a cluster JSON (with "
+                                      "--devices: the model of those devices)")
+    p.add_argument("--devices", help="real devices, simulated as TF reports them: cpu:N, a comma list of TF device "
+                                      "names, or a tasks file")
     p.add_argument("--costs", help="cost table file (from `placer profile`)")
     p.add_argument("--samples", type=int, default=64,
                    help="placements sampled from the policy per batch, at least one batch (default 64)")

@@ -43,6 +43,11 @@ def _load_args(out: Path, args):
     return args
 
 
+def _need_hardware(args) -> None:
+    if not (getattr(args, "cluster", None) or getattr(args, "devices", None)):
+        raise SearchError("give --cluster SPEC (simulated hardware, e.g. 4xK80) or --devices LIST (e.g. cpu:2)")
+
+
 def run_search(args) -> int:
     """`placer search` (see CLI.md)."""
     from placer.cli import load_from_args
@@ -58,8 +63,7 @@ def run_search(args) -> int:
                 setattr(args, k, v)
     if not getattr(args, "out", None):
         raise SearchError("give --out DIR for the search's files (or --resume DIR)")
-    if not (getattr(args, "cluster", None) or getattr(args, "devices", None)):
-        raise SearchError("give --cluster SPEC (simulated hardware, e.g. 4xK80) or --devices LIST (e.g. cpu:2)")
+    _need_hardware(args)
     if args.reward == "measure" and not (args.devices or args.workers):
         raise SearchError("--reward measure needs real devices: --devices LIST (local) or --workers ADDR,...")
     budget = float(args.budget)
@@ -152,10 +156,11 @@ def run_replace(args) -> int:
 
 
 def run_place(args) -> int:
-    """`placer place --policy P (GRAPH | --model M) --cluster C --out DIR`: the pretrained policy's zero-shot
-    answer (the best of the placements it samples, batches of --samples for --sample-seconds, by the simulator,
-    refined by local moves from it for --refine-seconds or --refine-moves, against the baselines), then --budget
-    seconds of fine-tuning if asked. Writes placement.json and summary.json as `placer search` does (+ "zero_shot")."""
+    """`placer place --policy P (GRAPH | --model M) (--cluster C | --devices LIST) --out DIR`: the pretrained
+    policy's zero-shot answer (the best of the placements it samples, batches of --samples for --sample-seconds, by
+    the simulator, refined by local moves from it for --refine-seconds or --refine-moves, against the baselines),
+    then --budget seconds of fine-tuning if asked. Writes placement.json and summary.json as `placer search` does
+    (+ "zero_shot"). With --devices the cluster is built from those devices (as `placer search --devices`)."""
     import time
 
     from placer.cli import load_from_args
@@ -169,13 +174,14 @@ def run_place(args) -> int:
                                flag=lambda name: "--" + name.replace("_", "-"))
     if args.budget < 0:
         raise SearchError(f"--budget must be 0 or more, got {args.budget}")
+    _need_hardware(args)
     out = Path(args.out)
     if (out / "checkpoint").exists():
         raise SearchError(f"{out} already holds a search; pick another --out")
     weights = load_policy(args.policy)         # a bad policy fails before the graph is read
     graph = load_from_args(args)
-    problem = build_problem(graph, args.cluster, costs=args.costs, max_groups=args.groups, seed=args.seed,
-                            baselines=not args.no_baselines)
+    problem = build_problem(graph, args.cluster or None, devices=args.devices or None, costs=args.costs,
+                            max_groups=args.groups, seed=args.seed, baselines=not args.no_baselines)
     try:
         res = search(problem, budget_seconds=args.budget if args.budget > 0 else 1.0, seed=args.seed,
                      config=ReinforceConfig(seed=args.seed, **zero_shot),
