@@ -47,3 +47,20 @@ def test_worker_port_out_of_range_is_one_line(listen):
 
     with pytest.raises(MeasurementError, match=f"--listen '{listen}': the port must be 1-65535"):
         serve(listen, block=False)
+
+
+def test_simulate_anneal_placement_as_cli_md_says(capsys):
+    import json
+
+    assert main(["simulate", *TINY, "--cluster", "2xK80", "--placement", "anneal", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s["placement"] == "anneal" and not s["oom"] and s["step_time_s"] >= s["lower_bound_s"]
+
+
+def test_unknown_placement_lists_each_name_once(capsys):
+    import ast
+
+    assert main(["simulate", *TINY, "--cluster", "2xK80", "--placement", "bogus"]) == 2
+    [err] = capsys.readouterr().err.strip().splitlines()
+    names = ast.literal_eval(err[err.index("["):err.index("]") + 1])
+    assert len(names) == len(set(names)) and {"single", "random", "round_robin", "anneal", "expert"} <= set(names)

@@ -82,6 +82,10 @@ def int_at_least(low: int):
     return parse
 
 
+PLACEMENT_HELP = ("single, random, round_robin, a baseline name (anneal: the best of 1,000 simulated evaluations of "
+                  "local search from the best grouped baseline), or a placement.json")
+
+
 def _json_flag(p):
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -100,8 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="simulate one training step of a placement on a (simulated) cluster")
     _graph_args(p)
     p.add_argument("--cluster", required=True, help="NxKIND (e.g. 4xK80), cpu, or a cluster JSON file")
-    p.add_argument("--placement", default="single",
-                   help="single, random, round_robin, a baseline name, or a placement.json")
+    p.add_argument("--placement", default="single", help=PLACEMENT_HELP)
     p.add_argument("--costs", help="cost table file (from `placer profile`); default: analytical estimate")
     p.add_argument("--order", choices=["ready", "critical"], default="ready", help="per-device op order")
     p.add_argument("--seed", type=int_at_least(0), default=0)
@@ -159,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     _graph_args(p)
     p.add_argument("--devices", required=True,
                    help="cpu:N, a comma list of TF device names, or a tasks file (placer cluster up)")
-    p.add_argument("--placement", default="single")
+    p.add_argument("--placement", default="single", help=PLACEMENT_HELP)
     p.add_argument("--workers", help="measure on remote workers HOST:PORT,...")
     p.add_argument("--token-file")
     p.add_argument("--tls-ca", help="PEM certificate to trust for workers started with --tls-cert (enables TLS)")
