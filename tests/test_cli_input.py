@@ -64,3 +64,34 @@ def test_unknown_placement_lists_each_name_once(capsys):
     [err] = capsys.readouterr().err.strip().splitlines()
     names = ast.literal_eval(err[err.index("["):err.index("]") + 1])
     assert len(names) == len(set(names)) and {"single", "random", "round_robin", "anneal", "expert"} <= set(names)
+
+
+DIR_FAILS = "cannot create it or write in it: Not a directory"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["search", *TINY, "--cluster", "2xK80", "--budget", "2", "--out", "{file}/sub"],
+     f"--out {{file}}/sub: {DIR_FAILS}"),
+    (["place", *TINY, "--cluster", "2xK80", "--out", "{file}"], f"--out {{file}}: {DIR_FAILS}"),
+    (["replace", "run", "--exclude", "/GPU:0", "--out", "{file}/x"], f"--out {{file}}/x: {DIR_FAILS}"),
+    (["calibrate", *TINY, "--devices", "cpu:1", "--out", "{file}/calib"], f"--out {{file}}/calib: {DIR_FAILS}"),
+    (["pretrain", "--out", "{file}/policy"], f"--out {{file}}/policy: {DIR_FAILS}"),
+    (["simulate", *TINY, "--cluster", "2xK80", "--trace", "{file}/t.json"],
+     "--trace {file}/t.json: cannot write it: Not a directory"),
+    (["profile", *TINY, "--devices", "cpu:1", "--out", "{file}/costs.json"],
+     "--out {file}/costs.json: cannot write it: Not a directory"),
+])
+def test_an_output_path_that_cannot_be_written_is_one_line_before_any_work(argv, message, tmp_path, capsys,
+                                                                             monkeypatch):
+    import placer.cli
+
+    def no_work(*a, **k):
+        raise AssertionError("work began before the output path was checked")
+
+    monkeypatch.setattr(placer.cli, "load_from_args", no_work)
+    monkeypatch.setattr("placer.pretrain.pretrain", no_work)
+    f = tmp_path / "file.json"          # a file where a directory must be
+    f.write_text("{}")
+    assert main([a.replace("{file}", str(f)) for a in argv]) == 2
+    [err] = capsys.readouterr().err.strip().splitlines()
+    assert err == f"placer {argv[0]}: error: " + message.replace("{file}", str(f))

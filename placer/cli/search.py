@@ -50,7 +50,7 @@ def _need_hardware(args) -> None:
 
 def run_search(args) -> int:
     """`placer search` (see CLI.md)."""
-    from placer.cli import load_from_args
+    from placer.cli import load_from_args, out_dir
 
     resume = bool(getattr(args, "resume", None))
     if resume:
@@ -78,7 +78,7 @@ def run_search(args) -> int:
     if merge is not None and not 0.0 <= merge <= top:
         raise SearchError(f"--merge-share must be between 0 and {top:g} (the chain's moves left after its "
                           f"attraction moves), got {merge}")
-    out = Path(args.out)
+    out = out_dir(args.out)
     if not resume:
         if (out / "checkpoint").exists():
             raise SearchError(f"{out} already holds a search; continue it with --resume {out} or pick another --out")
@@ -134,9 +134,10 @@ def run_search(args) -> int:
 
 def run_replace(args) -> int:
     """`placer replace RUN_DIR --exclude DEV[,DEV...] --out DIR` (CLI.md)."""
+    from placer.cli import out_dir
     from placer.search import replace
 
-    out = Path(args.out)
+    out = out_dir(args.out)
     if (out / "checkpoint").exists():
         raise SearchError(f"{out} already holds a search; pick another --out")
     res = replace(args.run_dir, args.exclude, budget_seconds=float(args.budget), out_dir=out, seed=args.seed,
@@ -163,7 +164,7 @@ def run_place(args) -> int:
     (+ "zero_shot"). With --devices the cluster is built from those devices (as `placer search --devices`)."""
     import time
 
-    from placer.cli import load_from_args
+    from placer.cli import load_from_args, out_dir
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
     from placer.search import load_policy, place_settings, search
@@ -175,7 +176,7 @@ def run_place(args) -> int:
     if args.budget < 0:
         raise SearchError(f"--budget must be 0 or more, got {args.budget}")
     _need_hardware(args)
-    out = Path(args.out)
+    out = out_dir(args.out)
     if (out / "checkpoint").exists():
         raise SearchError(f"{out} already holds a search; pick another --out")
     weights = load_policy(args.policy)         # a bad policy fails before the graph is read
@@ -213,11 +214,13 @@ def run_place(args) -> int:
 
 def run_pretrain(args) -> int:
     """`placer pretrain --out DIR [--budget S] [--corpus default|wide|parallel|quick]`."""
+    from placer.cli import out_dir
     from placer.pretrain import pretrain
 
     share = float(getattr(args, "imitation_share", 0.3))
     if not 0.0 <= share < 1.0:
         raise SearchError(f"--imitation-share must be in [0, 1), got {share}")
+    out_dir(args.out)
     info = pretrain(args.out, budget_seconds=float(args.budget), corpus=args.corpus, seed=int(args.seed),
                     progress=not args.no_progress, init=getattr(args, "init", None), imitation_share=share,
                     split_groups=getattr(args, "split_groups", None) or None,
