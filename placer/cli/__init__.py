@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", help="remote measurement workers HOST:PORT,... (with --reward measure)")
     p.add_argument("--token-file", help="token for the workers")
     p.add_argument("--costs", help="cost table file (from `placer profile`)")
-    p.add_argument("--budget", type=float, default=300.0, help="search wall-time budget in seconds (default 300)")
+    p.add_argument("--budget", type=float, help="search wall-time budget in seconds (default 300); with --resume "
+                                                 "a new total, counting the seconds already spent")
     p.add_argument("--max-updates", type=int_at_least(0), help="stop after this many policy updates (0: only "
                                                                 "the baselines)")
     p.add_argument("--max-evaluations", type=int_at_least(1),

@@ -10,6 +10,7 @@ summary.json gains "measured": [{"source", "simulated_s", "measured_s", ...}].
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from placer.errors import SearchError
 
 ARGS_FILE = "args.json"
+DEFAULT_BUDGET = 300.0      # `placer search --budget` (CLI.md)
 # args stored for --resume (everything `placer search` reads)
 _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
                 "token_file", "costs", "budget", "max_updates", "max_evaluations", "patience", "groups", "seed", "out",
@@ -55,7 +57,7 @@ def run_search(args) -> int:
     resume = bool(getattr(args, "resume", None))
     if resume:
         # flags without a default given with --resume override the stored ones (e.g. --max-updates 100)
-        override = {k: getattr(args, k, None) for k in ("max_updates", "max_evaluations", "patience")}
+        override = {k: getattr(args, k, None) for k in ("budget", "max_updates", "max_evaluations", "patience")}
         override.update({k: True for k in ("json", "no_progress") if getattr(args, k, False)})
         args = _load_args(Path(args.resume), args)
         for k, v in override.items():
@@ -63,6 +65,8 @@ def run_search(args) -> int:
                 setattr(args, k, v)
     if not getattr(args, "out", None):
         raise SearchError("give --out DIR for the search's files (or --resume DIR)")
+    if args.budget is None:
+        args.budget = DEFAULT_BUDGET
     _need_hardware(args)
     if args.reward == "measure" and not (args.devices or args.workers):
         raise SearchError("--reward measure needs real devices: --devices LIST (local) or --workers ADDR,...")
@@ -83,6 +87,7 @@ def run_search(args) -> int:
         if (out / "checkpoint").exists():
             raise SearchError(f"{out} already holds a search; continue it with --resume {out} or pick another --out")
         _save_args(out, args)
+    before = _last_summary(out) if resume else None
     graph = load_from_args(args)
     cluster = args.cluster if args.cluster else None
     devices = args.devices if args.devices else None
@@ -123,6 +128,8 @@ def run_search(args) -> int:
             evaluator.close()
         problem.close()
     summary = json.loads((out / "summary.json").read_text())
+    if before is not None and summary["evaluations"] == before.get("evaluations"):
+        print(f"placer search: notice: {_why_no_more(summary, args, out)}", file=sys.stderr)
     if getattr(args, "json", False):
         from placer.cli import print_json
 
@@ -130,6 +137,26 @@ def run_search(args) -> int:
         return 0
     _print_summary(summary, out)
     return 0
+
+
+def _last_summary(out: Path) -> dict | None:
+    """The summary.json a finished run left in `out` (None: none, or unreadable)."""
+    try:
+        return json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _why_no_more(summary: dict, args, out: Path) -> str:
+    """One line: why `--resume` evaluated nothing more (the limit the run had already reached)."""
+    reason = summary.get("stop_reason")
+    flag = {"budget": "--budget", "max_updates": "--max-updates", "max_evaluations": "--max-evaluations",
+            "patience": "--patience"}.get(reason)
+    if flag is None:
+        return f"the search in {out} has nothing more to search (stop: {reason})"
+    spent = f" ({summary['wall_s']:.0f} s spent)" if reason == "budget" else ""
+    return (f"the search in {out} had already reached {flag} {getattr(args, reason):g}{spent}, counted over its "
+            f"runs: give a larger {flag} to continue it")
 
 
 def run_replace(args) -> int:
