@@ -29,6 +29,10 @@ class SearchError(PlacerError):
     """The search cannot run (budget, memory, checkpoint problems)."""
 
 
+class OutputError(PlacerError):
+    """An output file or directory (--out, --trace) cannot be created or written."""
+
+
 def fmt_bytes(n: float) -> str:
     """Bytes for a message: 1536 → '1.5 KiB'.
 

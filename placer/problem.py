@@ -32,6 +32,7 @@ from placer.sim.costs import CostTable, load_or_analytical
 from placer.sim.simulator import SimEvaluator
 
 log = logging.getLogger(__name__)
+ANNEAL_EVALUATIONS = 1000      # `--placement anneal`: simulated evaluations of the annealer (the bench's first point)
 
 
 @dataclass
@@ -223,10 +224,27 @@ def resolve_placement(spec: str, graph: OpGraph, cluster: Cluster, seed: int = 0
         if baseline_errors and spec in baseline_errors:
             raise PlacementError(f"baseline {spec!r} cannot be built: {baseline_errors[spec]}")
         return run_baseline(spec, graph, cluster, costs=costs, seed=seed)
+    if spec == "anneal":
+        return anneal_placement(graph, cluster, seed=seed, costs=costs)
     if os.path.exists(spec) or spec.endswith(".json"):
         return Placement.load(spec).to_indices(graph, cluster.device_names)
-    valid = list(BUILTIN_PLACEMENTS) + sorted(BASELINES)
+    valid = list(BUILTIN_PLACEMENTS) + sorted(set(BASELINES) - set(BUILTIN_PLACEMENTS) | {"anneal"})
     raise PlacementError(f"unknown placement {spec!r}: use one of {valid} or a placement.json path")
+
+
+def anneal_placement(graph: OpGraph, cluster: Cluster, seed: int = 0, costs=None) -> np.ndarray:
+    """The baseline `anneal` as a `--placement`: the best placement simulated annealing finds in
+    ANNEAL_EVALUATIONS simulated evaluations from the best grouped baseline (`placer.baselines.anneal`)."""
+    from placer.baselines.anneal import anneal
+
+    problem = build_problem(graph, cluster, costs=costs, seed=seed, check_memory=False)
+    try:
+        res = anneal(problem, max_evaluations=ANNEAL_EVALUATIONS, seed=seed)
+    finally:
+        problem.close()
+    if res.placement is None:
+        raise PlacementError(f"anneal: none of the {res.evaluations} placements it evaluated fits on {cluster.name}")
+    return res.placement
 
 
 def cluster_without(cluster: Cluster, exclude: Sequence[str]) -> tuple[Cluster, list[int]]:

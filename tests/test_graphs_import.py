@@ -323,6 +323,15 @@ def test_truncated_and_non_graph_files(tmp_path, suffix):
         load(q, fetches=["train"], cache=False)
 
 
+def test_a_file_named_keras_that_is_no_keras_file_says_so(tmp_path):
+    p = tmp_path / "x.keras"
+    p.write_text("hello, this is not a Keras model\n")
+    with pytest.raises(GraphImportError) as e:
+        load(p, batch_size=2, cache=False)
+    assert str(e.value) == (f"cannot load Keras model {p}: not a readable Keras file (a .keras zip archive): "
+                            f"File is not a zip file")
+
+
 def test_empty_file_and_graph(tmp_path):
     p = tmp_path / "empty.pb"
     p.write_bytes(b"")

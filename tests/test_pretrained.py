@@ -311,6 +311,20 @@ def test_cli_place_writes_placement_and_summary(tmp_path):
     assert s["search_best_s"] is not None and s["step_time_s"] <= s["search_best_s"] + 1e-12
 
 
+def test_cli_place_on_devices_as_cli_md_says(tmp_path, capsys):
+    from placer.cli import main
+
+    out = tmp_path / "d"
+    assert main(["place", "--policy", "default", "--model", "nmt", "--size", "tiny", "--devices", "cpu:2",
+                 "--samples", "8", "--refine-moves", "30", "--out", str(out), "--no-progress", "--json"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["devices"] == ["/CPU:0", "/CPU:1"] and s["zero_shot"]["samples"] == 8
+    assert main(["place", "--policy", "default", "--model", "nmt", "--size", "tiny", "--out", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["placer place: error: give --cluster SPEC (simulated hardware, e.g. 4xK80) or --devices LIST "
+                   "(e.g. cpu:2)"]
+
+
 def test_cli_place_with_negative_refine_moves_is_one_line(tmp_path, capsys):
     from placer.cli import main
 

@@ -96,3 +96,24 @@ def test_search_cli_max_evaluations(tmp_path, capsys):
     s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert s["stop_reason"] == "max_evaluations" and 60 <= s["evaluations"] < 60 + 16
     assert json.loads((out / "args.json").read_text())["max_evaluations"] == 60
+
+
+def test_resume_with_a_budget_continues_to_that_total_or_says_why_not(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["search", "--model", "nmt", "--size", "tiny", "--cluster", "2xK80", "--budget", "2",
+                 "--out", str(out), "--no-progress", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s["stop_reason"] == "budget"
+    # a budget the run has already spent: nothing more, and one line saying why
+    assert main(["search", "--resume", str(out), "--budget", "1", "--json"]) == 0
+    cap = capsys.readouterr()
+    s1 = json.loads(cap.out.strip().splitlines()[-1])
+    assert s1["evaluations"] == s["evaluations"]
+    assert cap.err.strip().splitlines() == [f"placer search: notice: the search in {out} had already reached "
+                                            f"--budget 1 ({s1['wall_s']:.0f} s spent), counted over its runs: give a "
+                                            f"larger --budget to continue it"]
+    # a larger one: the search goes on to that total
+    more = s["wall_s"] + 3
+    assert main(["search", "--resume", str(out), "--budget", f"{more}", "--json"]) == 0
+    s2 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s2["evaluations"] > s["evaluations"] and s2["stop_reason"] == "budget" and s2["wall_s"] >= more

@@ -117,6 +117,29 @@ def test_json_errors_name_the_file_and_field(tmp_path):
         parse_cluster(str(tmp_path / "missing.json"))
 
 
+@pytest.mark.parametrize("device, field", [
+    ({"name": "/GPU:0", "kind": "K80", "memory_bytes": "lots"}, "memory_bytes"),
+    ({"name": "/GPU:0", "kind": "K80", "concurrency": "two"}, "concurrency"),
+    ({"name": "/GPU:0", "kind": "Chip", "memory_bytes": 1e10, "peak_flops": 1e13, "mem_bandwidth": 1e11,
+      "concurrency": "two"}, "concurrency"),
+    ({"name": "/GPU:0", "kind": "K80", "peak_flops": True}, "peak_flops")])
+def test_json_device_figure_that_is_no_number_names_file_device_and_field(tmp_path, device, field):
+    p = tmp_path / "cl.json"
+    p.write_text(json.dumps({"devices": [device, {"name": "/CPU:0", "kind": "cpu"}]}))
+    with pytest.raises(ClusterError, match=f"cl.json: device '/GPU:0': \"{field}\" must be a number") as e:
+        parse_cluster(str(p))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("obj", [{"foo": 1}, {"devices": []}])
+def test_json_without_devices_is_one_line(tmp_path, obj):
+    p = tmp_path / "cl.json"
+    p.write_text(json.dumps(obj))
+    with pytest.raises(ClusterError, match="cl.json: a cluster JSON needs a non-empty \"devices\" list") as e:
+        parse_cluster(str(p))
+    assert "\n" not in str(e.value) and "CLUSTER_JSON_DOC" in str(e.value)
+
+
 def test_cpu_n_logical_devices():
     c = cluster_from_devices("cpu:3")
     assert c.device_names == ["/CPU:0", "/CPU:1", "/CPU:2"]

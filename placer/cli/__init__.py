@@ -6,10 +6,14 @@ never imports TensorFlow.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import logging
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 from placer._version import __version__
 
@@ -68,6 +72,24 @@ def load_from_args(args):
     return load(path, fetches=getattr(args, "fetch", None) or None, batch_size=bs)
 
 
+def int_at_least(low: int):
+    """An argparse type: an integer >= `low` (else argparse's one-line usage error naming the flag)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more, got {value}")
+        return value
+
+    return parse
+
+
+PLACEMENT_HELP = ("single, random, round_robin, a baseline name (anneal: the best of 1,000 simulated evaluations of "
+                  "local search from the best grouped baseline), or a placement.json")
+
+
 def _json_flag(p):
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -80,17 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="import a graph and summarise ops, co-location groups and groups")
     _graph_args(p)
-    p.add_argument("--groups", type=int, default=80, help="maximum groups after grouping (default 80)")
+    p.add_argument("--groups", type=int_at_least(1), default=80, help="maximum groups after grouping (default 80)")
     _json_flag(p)
 
     p = sub.add_parser("simulate", help="simulate one training step of a placement on a (simulated) cluster")
     _graph_args(p)
     p.add_argument("--cluster", required=True, help="NxKIND (e.g. 4xK80), cpu, or a cluster JSON file")
-    p.add_argument("--placement", default="single",
-                   help="single, random, round_robin, a baseline name, or a placement.json")
+    p.add_argument("--placement", default="single", help=PLACEMENT_HELP)
     p.add_argument("--costs", help="cost table file (from `placer profile`); default: analytical estimate")
     p.add_argument("--order", choices=["ready", "critical"], default="ready", help="per-device op order")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--trace", help="write a Chrome trace (Perfetto) of the simulated step")
     _json_flag(p)
 
@@ -107,13 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", help="remote measurement workers HOST:PORT,... (with --reward measure)")
     p.add_argument("--token-file", help="token for the workers")
     p.add_argument("--costs", help="cost table file (from `placer profile`)")
-    p.add_argument("--budget", type=float, default=300.0, help="search wall-time budget in seconds (default 300)")
-    p.add_argument("--max-updates", type=int, help="stop after this many policy updates")
-    p.add_argument("--max-evaluations", type=int,
+    p.add_argument("--budget", type=float, help="search wall-time budget in seconds (default 300); with --resume "
+                                                 "a new total, counting the seconds already spent")
+    p.add_argument("--max-updates", type=int_at_least(0), help="stop after this many policy updates (0: only "
+                                                                "the baselines)")
+    p.add_argument("--max-evaluations", type=int_at_least(1),
                    help="stop after this many placements were evaluated (the baselines count)")
-    p.add_argument("--patience", type=int, help="stop after this many updates without improvement")
-    p.add_argument("--groups", type=int, help="number of groups (default min(256, 20 x #devices))")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--patience", type=int_at_least(1), help="stop after this many updates without improvement")
+    p.add_argument("--groups", type=int_at_least(1), help="number of groups (default min(256, 20 x #devices))")
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--out", help="output directory")
     p.add_argument("--resume", metavar="DIR", help="continue the search saved in DIR")
     p.add_argument("--split-groups", metavar="BASELINE",
@@ -134,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the directory `placer search --out` wrote")
     p.add_argument("--exclude", required=True, help="lost devices, comma-separated (e.g. /GPU:3,/GPU:5)")
     p.add_argument("--budget", type=float, default=60.0, help="search seconds after the quick answer (default 60)")
-    p.add_argument("--max-updates", type=int, help="stop after this many policy updates")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--max-updates", type=int_at_least(0), help="stop after this many policy updates")
+    p.add_argument("--seed", type=int_at_least(0))
     p.add_argument("--out", required=True, help="output directory (files as for search)")
     p.add_argument("--no-progress", action="store_true")
     _json_flag(p)
@@ -144,14 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
     _graph_args(p)
     p.add_argument("--devices", required=True,
                    help="cpu:N, a comma list of TF device names, or a tasks file (placer cluster up)")
-    p.add_argument("--placement", default="single")
+    p.add_argument("--placement", default="single", help=PLACEMENT_HELP)
     p.add_argument("--workers", help="measure on remote workers HOST:PORT,...")
     p.add_argument("--token-file")
     p.add_argument("--tls-ca", help="PEM certificate to trust for workers started with --tls-cert (enables TLS)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a measurement is cut")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     _json_flag(p)
 
     p = sub.add_parser("profile", help="record per-op times on real devices into a cost table")
@@ -161,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=5)
 
     p = sub.add_parser("worker", help="serve placement measurements over gRPC")
-    p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (default 127.0.0.1:50051)")
+    p.add_argument("--listen", default="127.0.0.1:50051",
+                   help="HOST:PORT (default 127.0.0.1:50051); port 0 picks a free port (printed at start)")
     p.add_argument("--token-file", help="file holding the shared token (required off loopback)")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
@@ -179,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", choices=["tiny", "small", "full"], default="full")
     p.add_argument("--reward", choices=["sim", "measure"], default="sim")
     p.add_argument("--budget", type=float, default=600.0, help="search seconds per cell")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--split-groups", metavar="BASELINE",
                    help="groups follow this baseline's device boundaries ('best': the fastest that fits), so the "
@@ -195,7 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "fine-tune with --budget)")
     _graph_args(p)
     p.add_argument("--policy", default="default", help="a `placer pretrain` directory, or 'default' (shipped)")
-    p.add_argument("--cluster", required=True, help="simulated hardware: NxKIND, a topology preset or a cluster JSON")
+    p.add_argument("--cluster", help="simulated hardware: NxKIND, a topology preset or a cluster JSON (with "
+                                      "--devices: the model of those devices)")
+    p.add_argument("--devices", help="real devices, simulated as TF reports them: cpu:N, a comma list of TF device "
+                                      "names, or a tasks file")
     p.add_argument("--costs", help="cost table file (from `placer profile`)")
     p.add_argument("--samples", type=int, default=64,
                    help="placements sampled from the policy per batch, at least one batch (default 64)")
@@ -210,10 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "moves end first, the same seed gives the same answer every run")
     p.add_argument("--budget", type=float, default=0.0,
                    help="seconds of fine-tuning after the zero-shot answer (default 0: none)")
-    p.add_argument("--groups", type=int, help="number of groups (default min(256, 20 x #devices))")
+    p.add_argument("--groups", type=int_at_least(1), help="number of groups (default min(256, 20 x #devices))")
     p.add_argument("--no-baselines", action="store_true",
                    help="skip computing the baselines (faster on large graphs; the answer is the policy's alone)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _json_flag(p)
@@ -235,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher-seconds", type=float, default=0.0, metavar="S",
                    help="first anneal each problem's best grouped baseline for S seconds and imitate the annealed "
                         "placement when it is faster (default 0: imitate the baseline); on top of --budget")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     _json_flag(p)
 
@@ -308,6 +335,42 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"placer {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def out_dir(path: str, flag: str = "--out") -> Path:
+    """Create the output directory `path` now, before any long work, and check that files can be written in it
+    (a search never loses its work to a bad --out): OutputError naming the flag, the path and the OS's reason."""
+    from placer.errors import OutputError
+
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=p).close()
+    except OSError as e:
+        raise OutputError(f"{flag} {path}: cannot create it or write in it: {_os_reason(e)}") from None
+    return p
+
+
+def out_file(path: str, flag: str) -> None:
+    """Check now that the file `path` can be written (its directory created, as the writers do): OutputError naming
+    the flag, the path and the OS's reason."""
+    from placer.errors import OutputError
+
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        existed = p.exists()
+        with open(p, "a"):
+            pass
+        if not existed:
+            p.unlink()
+    except OSError as e:
+        raise OutputError(f"{flag} {path}: cannot write it: {_os_reason(e)}") from None
+
+
+def _os_reason(e: OSError) -> str:
+    """The OS's reason; mkdir's "File exists" (with exist_ok) means a file stands where a directory must be."""
+    return os.strerror(errno.ENOTDIR) if isinstance(e, FileExistsError) else e.strerror or str(e)
 
 
 def print_json(obj) -> None:

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from placer.bench import CellSettings, load_results, run_cell, write_json, write_report
+from placer.cli import out_dir
 from placer.errors import SearchError
 
 log = logging.getLogger(__name__)
@@ -34,8 +34,7 @@ def run_bench(args) -> int:
     if precision not in PRECISIONS:
         raise SearchError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     kind = parse_cluster(f"1x{args.kind}").meta.get("gpu_kind", args.kind)  # validates the kind early
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(args.out)
     path = out / "results.json"
     results = load_results(path)
     if getattr(args, "cluster", None):      # topology presets (DGX1, DGX-A100, ...): one cell per model x cluster

@@ -101,9 +101,10 @@ def run_measure(args) -> int:
 def run_profile(args) -> int:
     """Record per-op times on real devices into a cost table (`--out FILE`)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from placer.cli import load_from_args
+    from placer.cli import load_from_args, out_file
     from placer.runtime.profile import profile
 
+    out_file(args.out, "--out")
     graph = load_from_args(args)
     table = profile(graph, args.devices, runs=args.runs, timeout=getattr(args, "timeout", 600.0) or 600.0)
     table.save(args.out)
@@ -130,6 +131,9 @@ def run_cluster(args) -> int:
     from placer.runtime.servers import cluster_down, cluster_up
 
     if args.action == "up":
+        from placer.cli import out_file
+
+        out_file(args.out, "--out")
         tasks = cluster_up(args.tasks, args.out, cores_per_task=args.cores_per_task, port=args.port,
                            share_cores=args.share_cores, any_interface=args.any_interface, timeout=args.timeout)
         for t in tasks.tasks:
@@ -145,9 +149,11 @@ def run_calibrate(args) -> int:
     """Profile per-op costs and measure links of `--devices`; write DIR/costs.json and DIR/cluster.json."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from placer.cli import print_json
-    from placer.cli import load_from_args
+    from placer.cli import load_from_args, out_dir
     from placer.runtime.calibrate import DEFAULT_SIZES, calibrate
     from placer.tasks import looks_like_tasks_file
+
+    out_dir(args.out)
 
     if looks_like_tasks_file(args.devices):
         from placer.runtime.tfcluster import live_tasks

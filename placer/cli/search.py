@@ -10,6 +10,7 @@ summary.json gains "measured": [{"source", "simulated_s", "measured_s", ...}].
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from placer.errors import SearchError
 
 ARGS_FILE = "args.json"
+DEFAULT_BUDGET = 300.0      # `placer search --budget` (CLI.md)
 # args stored for --resume (everything `placer search` reads)
 _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
                 "token_file", "costs", "budget", "max_updates", "max_evaluations", "patience", "groups", "seed", "out",
@@ -43,14 +45,19 @@ def _load_args(out: Path, args):
     return args
 
 
+def _need_hardware(args) -> None:
+    if not (getattr(args, "cluster", None) or getattr(args, "devices", None)):
+        raise SearchError("give --cluster SPEC (simulated hardware, e.g. 4xK80) or --devices LIST (e.g. cpu:2)")
+
+
 def run_search(args) -> int:
     """`placer search` (see CLI.md)."""
-    from placer.cli import load_from_args
+    from placer.cli import load_from_args, out_dir
 
     resume = bool(getattr(args, "resume", None))
     if resume:
         # flags without a default given with --resume override the stored ones (e.g. --max-updates 100)
-        override = {k: getattr(args, k, None) for k in ("max_updates", "max_evaluations", "patience")}
+        override = {k: getattr(args, k, None) for k in ("budget", "max_updates", "max_evaluations", "patience")}
         override.update({k: True for k in ("json", "no_progress") if getattr(args, k, False)})
         args = _load_args(Path(args.resume), args)
         for k, v in override.items():
@@ -58,8 +65,9 @@ def run_search(args) -> int:
                 setattr(args, k, v)
     if not getattr(args, "out", None):
         raise SearchError("give --out DIR for the search's files (or --resume DIR)")
-    if not (getattr(args, "cluster", None) or getattr(args, "devices", None)):
-        raise SearchError("give --cluster SPEC (simulated hardware, e.g. 4xK80) or --devices LIST (e.g. cpu:2)")
+    if args.budget is None:
+        args.budget = DEFAULT_BUDGET
+    _need_hardware(args)
     if args.reward == "measure" and not (args.devices or args.workers):
         raise SearchError("--reward measure needs real devices: --devices LIST (local) or --workers ADDR,...")
     budget = float(args.budget)
@@ -74,11 +82,12 @@ def run_search(args) -> int:
     if merge is not None and not 0.0 <= merge <= top:
         raise SearchError(f"--merge-share must be between 0 and {top:g} (the chain's moves left after its "
                           f"attraction moves), got {merge}")
-    out = Path(args.out)
+    out = out_dir(args.out)
     if not resume:
         if (out / "checkpoint").exists():
             raise SearchError(f"{out} already holds a search; continue it with --resume {out} or pick another --out")
         _save_args(out, args)
+    before = _last_summary(out) if resume else None
     graph = load_from_args(args)
     cluster = args.cluster if args.cluster else None
     devices = args.devices if args.devices else None
@@ -119,6 +128,8 @@ def run_search(args) -> int:
             evaluator.close()
         problem.close()
     summary = json.loads((out / "summary.json").read_text())
+    if before is not None and summary["evaluations"] == before.get("evaluations"):
+        print(f"placer search: notice: {_why_no_more(summary, args, out)}", file=sys.stderr)
     if getattr(args, "json", False):
         from placer.cli import print_json
 
@@ -128,11 +139,32 @@ def run_search(args) -> int:
     return 0
 
 
+def _last_summary(out: Path) -> dict | None:
+    """The summary.json a finished run left in `out` (None: none, or unreadable)."""
+    try:
+        return json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _why_no_more(summary: dict, args, out: Path) -> str:
+    """One line: why `--resume` evaluated nothing more (the limit the run had already reached)."""
+    reason = summary.get("stop_reason")
+    flag = {"budget": "--budget", "max_updates": "--max-updates", "max_evaluations": "--max-evaluations",
+            "patience": "--patience"}.get(reason)
+    if flag is None:
+        return f"the search in {out} has nothing more to search (stop: {reason})"
+    spent = f" ({summary['wall_s']:.0f} s spent)" if reason == "budget" else ""
+    return (f"the search in {out} had already reached {flag} {getattr(args, reason):g}{spent}, counted over its "
+            f"runs: give a larger {flag} to continue it")
+
+
 def run_replace(args) -> int:
     """`placer replace RUN_DIR --exclude DEV[,DEV...] --out DIR` (CLI.md)."""
+    from placer.cli import out_dir
     from placer.search import replace
 
-    out = Path(args.out)
+    out = out_dir(args.out)
     if (out / "checkpoint").exists():
         raise SearchError(f"{out} already holds a search; pick another --out")
     res = replace(args.run_dir, args.exclude, budget_seconds=float(args.budget), out_dir=out, seed=args.seed,
@@ -152,13 +184,14 @@ def run_replace(args) -> int:
 
 
 def run_place(args) -> int:
-    """`placer place --policy P (GRAPH | --model M) --cluster C --out DIR`: the pretrained policy's zero-shot
-    answer (the best of the placements it samples, batches of --samples for --sample-seconds, by the simulator,
-    refined by local moves from it for --refine-seconds or --refine-moves, against the baselines), then --budget
-    seconds of fine-tuning if asked. Writes placement.json and summary.json as `placer search` does (+ "zero_shot")."""
+    """`placer place --policy P (GRAPH | --model M) (--cluster C | --devices LIST) --out DIR`: the pretrained
+    policy's zero-shot answer (the best of the placements it samples, batches of --samples for --sample-seconds, by
+    the simulator, refined by local moves from it for --refine-seconds or --refine-moves, against the baselines),
+    then --budget seconds of fine-tuning if asked. Writes placement.json and summary.json as `placer search` does
+    (+ "zero_shot"). With --devices the cluster is built from those devices (as `placer search --devices`)."""
     import time
 
-    from placer.cli import load_from_args
+    from placer.cli import load_from_args, out_dir
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
     from placer.search import load_policy, place_settings, search
@@ -169,13 +202,14 @@ def run_place(args) -> int:
                                flag=lambda name: "--" + name.replace("_", "-"))
     if args.budget < 0:
         raise SearchError(f"--budget must be 0 or more, got {args.budget}")
-    out = Path(args.out)
+    _need_hardware(args)
+    out = out_dir(args.out)
     if (out / "checkpoint").exists():
         raise SearchError(f"{out} already holds a search; pick another --out")
     weights = load_policy(args.policy)         # a bad policy fails before the graph is read
     graph = load_from_args(args)
-    problem = build_problem(graph, args.cluster, costs=args.costs, max_groups=args.groups, seed=args.seed,
-                            baselines=not args.no_baselines)
+    problem = build_problem(graph, args.cluster or None, devices=args.devices or None, costs=args.costs,
+                            max_groups=args.groups, seed=args.seed, baselines=not args.no_baselines)
     try:
         res = search(problem, budget_seconds=args.budget if args.budget > 0 else 1.0, seed=args.seed,
                      config=ReinforceConfig(seed=args.seed, **zero_shot),
@@ -207,11 +241,13 @@ def run_place(args) -> int:
 
 def run_pretrain(args) -> int:
     """`placer pretrain --out DIR [--budget S] [--corpus default|wide|parallel|quick]`."""
+    from placer.cli import out_dir
     from placer.pretrain import pretrain
 
     share = float(getattr(args, "imitation_share", 0.3))
     if not 0.0 <= share < 1.0:
         raise SearchError(f"--imitation-share must be in [0, 1), got {share}")
+    out_dir(args.out)
     info = pretrain(args.out, budget_seconds=float(args.budget), corpus=args.corpus, seed=int(args.seed),
                     progress=not args.no_progress, init=getattr(args, "init", None), imitation_share=share,
                     split_groups=getattr(args, "split_groups", None) or None,

@@ -12,12 +12,14 @@ import time
 
 def run_simulate(args) -> int:
     from placer.cli import print_json
-    from placer.cli import load_from_args
+    from placer.cli import load_from_args, out_file
     from placer.problem import build_problem
     from placer.sim.cluster import cluster_from_args
     from placer.sim.simulator import Simulator
     from placer.sim.trace import write_trace
 
+    if getattr(args, "trace", None):
+        out_file(args.trace, "--trace")
     graph = load_from_args(args)
     cluster = cluster_from_args(args)
     # the problem without its baselines: only the one asked for is built, by resolve()

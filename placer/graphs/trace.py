@@ -26,8 +26,15 @@ from placer.graphs.opgraph import OpGraph
 
 def load_keras_file(path: Path):
     """The Keras model saved in `path` (a ``.keras`` file); one clear error when it cannot be loaded."""
+    import zipfile
+
     import keras
 
+    try:        # a .keras file is a zip archive; Keras calls any other file "File not found"
+        zipfile.ZipFile(path).close()
+    except (OSError, zipfile.BadZipFile) as e:
+        raise GraphImportError(f"cannot load Keras model {path}: not a readable Keras file (a .keras zip "
+                               f"archive): {getattr(e, 'strerror', None) or e}") from None
     try:
         return keras.models.load_model(path)
     except Exception as e:  # noqa: BLE001 - any load failure is one clear error

@@ -72,6 +72,8 @@ def split_address(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise MeasurementError(f"--listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:50051")
+    if int(port) > 65535:
+        raise MeasurementError(f"--listen {listen!r}: the port must be 1-65535 (or 0: a free port), got {port}")
     return host, int(port)
 
 

@@ -455,30 +455,29 @@ def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
                            f"on it with --devices {source}, or simulate the cluster.json that `placer calibrate "
                            f"--devices {source} --out DIR` writes")
     if not isinstance(obj, dict) or not isinstance(obj.get("devices"), list) or not obj["devices"]:
-        raise ClusterError(f"{source}: a cluster JSON needs a non-empty \"devices\" list\n{CLUSTER_JSON_DOC}")
+        raise ClusterError(f"{source}: a cluster JSON needs a non-empty \"devices\" list, e.g. {{\"devices\": "
+                           f"[{{\"name\": \"/GPU:0\", \"kind\": \"V100\"}}]}} (the format: "
+                           f"placer.sim.cluster.CLUSTER_JSON_DOC)")
     devs = []
     for k, d in enumerate(obj["devices"]):
         if not isinstance(d, dict) or "name" not in d:
             raise ClusterError(f"{source}: device #{k} needs at least a \"name\"")
         name = str(d["name"])
         kind = str(d.get("kind") or ("cpu" if devnames.kind(name) == "CPU" else ""))
-        extra = {f: d.get(f) for f in _DEVICE_FIELDS + ("peak_flops_fp16", "peak_flops_bf16")}
+        where = f"{source}: device {name!r}"
+        extra = {f: _device_figure(d, f, where) for f in _DEVICE_FIELDS + ("peak_flops_fp16", "peak_flops_bf16")}
         try:
             dev = make_device(name, kind, **extra)
         except ClusterError:
-            missing = [f for f in ("memory_bytes", "peak_flops", "mem_bandwidth") if d.get(f) is None]
+            missing = [f for f in ("memory_bytes", "peak_flops", "mem_bandwidth") if extra[f] is None]
             if missing:
                 raise ClusterError(f"{source}: device {name!r} has kind {kind!r}, which is no preset "
                                    f"({valid_kinds_text()}); give {', '.join(missing)} for it") from None
-            try:
-                dev = Device(name=name, kind=kind or "custom", memory_bytes=int(float(d["memory_bytes"])),
-                             reserve_bytes=int(float(d.get("reserve_bytes") or 0)),
-                             concurrency=int(d.get("concurrency") or 1), peak_flops=float(d["peak_flops"]),
-                             mem_bandwidth=float(d["mem_bandwidth"]),
-                             peak_flops_fp16=float(d.get("peak_flops_fp16") or 0.0),
-                             peak_flops_bf16=float(d.get("peak_flops_bf16") or 0.0))
-            except (TypeError, ValueError) as e:
-                raise ClusterError(f"{source}: device {name!r}: bad figure ({e})") from None
+            dev = Device(name=name, kind=kind or "custom", memory_bytes=int(extra["memory_bytes"]),
+                         reserve_bytes=int(extra["reserve_bytes"] or 0), concurrency=int(extra["concurrency"] or 1),
+                         peak_flops=extra["peak_flops"], mem_bandwidth=extra["mem_bandwidth"],
+                         peak_flops_fp16=extra["peak_flops_fp16"] or 0.0,
+                         peak_flops_bf16=extra["peak_flops_bf16"] or 0.0)
         if dev.concurrency < 1 or dev.capacity_bytes <= 0 or dev.peak_flops <= 0 or dev.mem_bandwidth <= 0:
             raise ClusterError(f"{source}: device {name!r}: concurrency, memory - reserve, peak_flops and "
                                f"mem_bandwidth must be positive")
@@ -515,6 +514,21 @@ def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
         c.meta["shared_links"] = sl
     # a "shared" name that "shared_links" does not define is a shared link as fast as the links that name it
     return c
+
+
+def _device_figure(d: dict, key: str, where: str) -> float | None:
+    """A cluster JSON device's figure `key` as a float (None when absent); ClusterError naming the file and the
+    device (`where`) and the field when it is not a finite number."""
+    v = d.get(key)
+    if v is None:
+        return None
+    try:
+        x = float("nan") if isinstance(v, bool) else float(v)
+    except (TypeError, ValueError):
+        x = float("nan")
+    if not np.isfinite(x):
+        raise ClusterError(f"{where}: \"{key}\" must be a number, got {v!r}")
+    return x
 
 
 def _read_links(c: Cluster, links, source: str) -> None:

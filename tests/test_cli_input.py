@@ -1,0 +1,97 @@
+"""Bad command-line input: one line naming the flag, path or file at fault, a non-zero exit, no traceback."""
+from __future__ import annotations
+
+import pytest
+
+from placer.cli import main
+
+TINY = ["--model", "nmt", "--size", "tiny"]
+
+
+def _usage_error(argv, capsys) -> str:
+    """argparse's usage error for `argv`: exit 2, its last line (the one naming the flag)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", *TINY, "--cluster", "2xK80", "--placement", "random", "--seed", "-1"],
+     "argument --seed: must be 0 or more, got -1"),
+    (["search", *TINY, "--cluster", "2xK80", "--seed", "-1", "--out", "o"], "argument --seed: must be 0 or more"),
+    (["measure", *TINY, "--devices", "cpu:1", "--seed", "-1"], "argument --seed: must be 0 or more"),
+    (["place", *TINY, "--cluster", "2xK80", "--seed", "-1", "--out", "o"], "argument --seed: must be 0 or more"),
+    (["replace", "run", "--exclude", "/GPU:0", "--seed", "x", "--out", "o"],
+     "argument --seed: expected an integer, got 'x'"),
+    (["bench", "--seed", "-1"], "argument --seed: must be 0 or more"),
+    (["pretrain", "--out", "o", "--seed", "-1"], "argument --seed: must be 0 or more"),
+    (["inspect", *TINY, "--groups", "0"], "argument --groups: must be 1 or more, got 0"),
+    (["search", *TINY, "--cluster", "2xK80", "--groups", "-3", "--out", "o"], "argument --groups: must be 1 or more"),
+    (["place", *TINY, "--cluster", "2xK80", "--groups", "0", "--out", "o"], "argument --groups: must be 1 or more"),
+    (["search", *TINY, "--cluster", "2xK80", "--max-evaluations", "-1", "--out", "o"],
+     "argument --max-evaluations: must be 1 or more, got -1"),
+    (["search", *TINY, "--cluster", "2xK80", "--max-updates", "-2", "--out", "o"],
+     "argument --max-updates: must be 0 or more, got -2"),
+    (["search", *TINY, "--cluster", "2xK80", "--patience", "0", "--out", "o"],
+     "argument --patience: must be 1 or more"),
+])
+def test_out_of_range_numbers_are_a_usage_error_naming_the_flag(argv, message, capsys):
+    assert message in _usage_error(argv, capsys)
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1:65536"])
+def test_worker_port_out_of_range_is_one_line(listen):
+    from placer.errors import MeasurementError
+    from placer.runtime.worker import serve
+
+    with pytest.raises(MeasurementError, match=f"--listen '{listen}': the port must be 1-65535"):
+        serve(listen, block=False)
+
+
+def test_simulate_anneal_placement_as_cli_md_says(capsys):
+    import json
+
+    assert main(["simulate", *TINY, "--cluster", "2xK80", "--placement", "anneal", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s["placement"] == "anneal" and not s["oom"] and s["step_time_s"] >= s["lower_bound_s"]
+
+
+def test_unknown_placement_lists_each_name_once(capsys):
+    import ast
+
+    assert main(["simulate", *TINY, "--cluster", "2xK80", "--placement", "bogus"]) == 2
+    [err] = capsys.readouterr().err.strip().splitlines()
+    names = ast.literal_eval(err[err.index("["):err.index("]") + 1])
+    assert len(names) == len(set(names)) and {"single", "random", "round_robin", "anneal", "expert"} <= set(names)
+
+
+DIR_FAILS = "cannot create it or write in it: Not a directory"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["search", *TINY, "--cluster", "2xK80", "--budget", "2", "--out", "{file}/sub"],
+     f"--out {{file}}/sub: {DIR_FAILS}"),
+    (["place", *TINY, "--cluster", "2xK80", "--out", "{file}"], f"--out {{file}}: {DIR_FAILS}"),
+    (["replace", "run", "--exclude", "/GPU:0", "--out", "{file}/x"], f"--out {{file}}/x: {DIR_FAILS}"),
+    (["calibrate", *TINY, "--devices", "cpu:1", "--out", "{file}/calib"], f"--out {{file}}/calib: {DIR_FAILS}"),
+    (["pretrain", "--out", "{file}/policy"], f"--out {{file}}/policy: {DIR_FAILS}"),
+    (["simulate", *TINY, "--cluster", "2xK80", "--trace", "{file}/t.json"],
+     "--trace {file}/t.json: cannot write it: Not a directory"),
+    (["profile", *TINY, "--devices", "cpu:1", "--out", "{file}/costs.json"],
+     "--out {file}/costs.json: cannot write it: Not a directory"),
+])
+def test_an_output_path_that_cannot_be_written_is_one_line_before_any_work(argv, message, tmp_path, capsys,
+                                                                             monkeypatch):
+    import placer.cli
+
+    def no_work(*a, **k):
+        raise AssertionError("work began before the output path was checked")
+
+    monkeypatch.setattr(placer.cli, "load_from_args", no_work)
+    monkeypatch.setattr("placer.pretrain.pretrain", no_work)
+    f = tmp_path / "file.json"          # a file where a directory must be
+    f.write_text("{}")
+    assert main([a.replace("{file}", str(f)) for a in argv]) == 2
+    [err] = capsys.readouterr().err.strip().splitlines()
+    assert err == f"placer {argv[0]}: error: " + message.replace("{file}", str(f))
