@@ -273,6 +273,28 @@ def test_cli_place_with_a_corrupt_policy_is_one_line(tmp_path, capsys):
     assert rc == 2 and len(err.splitlines()) == 1 and "policy.json" in err
 
 
+
+def test_a_missing_policy_path_is_named_as_given(tmp_path, monkeypatch, capsys):
+    """--policy /nonexistent (or a relative name) names that path, not its parent directory (/ or .)."""
+    from placer.cli import main
+    from placer.rl.portable import PortableWeights
+    from placer.search import load_policy
+
+    monkeypatch.chdir(tmp_path)
+    for spec in ("/nonexistent-policy", "nonexistent-policy", str(tmp_path / "no" / "such")):
+        for load in (PortableWeights.load, load_policy):
+            with pytest.raises(SearchError) as e:
+                load(spec)
+            assert str(e.value).startswith(f"{spec} does not exist") and "\n" not in str(e.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SearchError, match=r"^empty is not a policy directory"):
+        load_policy("empty")
+    for cmd in ("place", "search"):
+        rc = main([cmd, "--policy", "nonexistent-policy", "--model", "nmt", "--size", "tiny", "--cluster", "2xK80",
+                   "--budget", "5", "--out", str(tmp_path / cmd)])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1 and "nonexistent-policy does not exist" in err, (cmd, err)
+
 def test_shipped_policy_places_a_family_it_never_saw(inception_tiny):
     """inception_v3 is held out of the pretraining corpus; the shipped policy places it on 2 to 8 GPUs, every
     group on an allowed device, and its zero-shot best is a real placement the simulator accepts."""
