@@ -316,7 +316,7 @@ def test_shipped_policy_places_a_family_it_never_saw(inception_tiny):
         assert used <= set(r.extra["devices"]) and len(r.extra["devices"]) == n + 1
 
 
-def test_cli_place_writes_placement_and_summary(tmp_path):
+def test_cli_place_writes_placement_and_summary(tmp_path, tb_scalars):
     from placer.cli import main
 
     out = tmp_path / "d"
@@ -331,6 +331,10 @@ def test_cli_place_writes_placement_and_summary(tmp_path):
     assert s["search_best_s"] <= s["zero_shot"]["sampled_best_s"]
     assert s["zero_shot"]["refine_evaluations"] == 30 and s["zero_shot"]["refine_stop"] == "moves"
     assert s["search_best_s"] is not None and s["step_time_s"] <= s["search_best_s"] + 1e-12
+    # no policy update ran, yet tb/ (listed and in CLI.md) holds the zero-shot point and the baselines
+    tb = tb_scalars(out / "tb")
+    assert tb["step_time/sampled_min"] == [(0, pytest.approx(s["zero_shot"]["sampled_best_s"]))]
+    assert {f"baseline/{k}" for k, v in s["baselines"].items() if v is not None} <= set(tb)
 
 
 def test_cli_place_with_negative_refine_moves_is_one_line(tmp_path, capsys):

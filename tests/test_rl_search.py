@@ -104,6 +104,24 @@ def test_search_beats_baseline_and_reaches_optimum(tmp_path):
     assert any((tmp_path / "tb").iterdir())
 
 
+def test_tb_is_written_when_no_update_ran(tmp_path, tb_scalars):
+    """CLI.md promises tb/ in every search directory: with no policy update (max_updates=0, one allowed device)
+    it holds the baselines and the best so far."""
+    gr, ev = _setup()
+    single = gr.expand(np.zeros(gr.num_groups, int), CPU)
+    res = run_loop(gr, ev, budget_seconds=60, max_updates=0, out_dir=tmp_path / "a", cpu_index=CPU, progress=False,
+                   baselines={"single_gpu": single}, config=ReinforceConfig(**SMALL))
+    assert res.updates == 0
+    scalars = tb_scalars(tmp_path / "a" / "tb")
+    assert scalars["baseline/single_gpu"] == [(0, pytest.approx(res.baselines["single_gpu"]))]
+    assert scalars["step_time/best_so_far"] == [(0, pytest.approx(res.step_time))]
+    assert "step_time/policy_best" not in scalars          # no sample: the infinite best is not written
+    allowed = np.zeros((gr.num_groups, 4), bool)
+    allowed[:, CPU] = True
+    run_loop(gr, ev, budget_seconds=60, out_dir=tmp_path / "b", cpu_index=CPU, allowed=allowed, progress=False)
+    assert "step_time/best_so_far" in tb_scalars(tmp_path / "b" / "tb")
+
+
 def test_warm_start_imitates_best_baseline():
     gr, ev = _setup()
     perfect = ev.target_ops.copy()

@@ -740,6 +740,7 @@ class Search:
                              "mean_s": float(np.mean(times[np.isfinite(times)])) if np.isfinite(times).any()
                              else float("nan"), "min_s": float(times.min()) if np.isfinite(times).any()
                              else float("nan"), "failed": float((~np.isfinite(times)).mean()), "zero_shot": 1.0})
+        self._tb(self.history[-1])
         self.save_checkpoint()
 
     def _update_elite_set(self, group_devices: np.ndarray, step_times: np.ndarray, ok: np.ndarray) -> None:
@@ -1027,24 +1028,28 @@ class Search:
 
     def _tb(self, row: dict[str, float]) -> None:
         """TensorBoard scalars via TF's core `tf.summary.write` with the scalars-plugin metadata (what
-        `tf.summary.scalar` writes, without needing the tensorboard package installed)."""
+        `tf.summary.scalar` writes, without needing the tensorboard package installed). The first call also
+        writes the baselines' step times (`baseline/NAME`, at step 0); a row without some key (the zero-shot
+        batch's has no reward, `_finish`'s no samples) writes the others, and no value that is not finite."""
         if not self.tensorboard or self.out_dir is None:
             return
         import tensorflow as tf
         from tensorflow.core.framework import summary_pb2
 
-        if self._writer is None:
-            self._writer = tf.summary.create_file_writer(str(self.out_dir / "tb"))
-            self._tb_meta = summary_pb2.SummaryMetadata(
-                plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
         tags = {"reward/mean": "reward_mean", "reward/baseline": "baseline", "step_time/sampled_mean": "mean_s",
                 "step_time/sampled_min": "min_s", "step_time/best_so_far": "best_s",
                 "step_time/policy_best": "search_best_s", "policy/entropy": "entropy",
                 "policy/failed_fraction": "failed"}
+        points = [(tag, int(row["update"]), row.get(key)) for tag, key in tags.items()]
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(str(self.out_dir / "tb"))
+            self._tb_meta = summary_pb2.SummaryMetadata(
+                plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+            points = [(f"baseline/{k}", 0, v) for k, v in self.baselines.items()] + points
         with self._writer.as_default():
-            for tag, key in tags.items():
-                tf.summary.write(tag, tf.constant(row[key], tf.float32), step=int(row["update"]),
-                                 metadata=self._tb_meta)
+            for tag, step, value in points:
+                if value is not None and np.isfinite(value):
+                    tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=self._tb_meta)
 
     def write_curve(self, path: str | os.PathLike | None = None) -> Path | None:
         """curve.png: best-so-far and sampled (mean, min) step time against wall time."""
@@ -1221,6 +1226,8 @@ class Search:
 
     def _finish(self, stop: str) -> LoopResult:
         self.save_checkpoint()
+        if self._writer is None:     # no update ran: tb/ (CLI.md) still holds the baselines and the best so far
+            self._tb({"update": self.updates, "best_s": self.best_time, "search_best_s": self.search_best})
         if self._writer is not None:
             self._writer.flush()
         if self.out_dir is not None:
