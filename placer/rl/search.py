@@ -58,6 +58,10 @@ POLICY_FREQ_DECAY = 0.5       # where the policy's samples put each group: each 
 LOCAL_SEEN_MAX = 200_000      # the local moves forget what they evaluated beyond this many placements (memory)
 STOP_AFTER_UPDATES = 3        # updates before a systematic failure may stop the search
 STOP_FAILED_FRACTION = 0.5    # ... when one non-memory reason accounts for this fraction of all evaluations
+# an imitation fit (warm start, fine-tune start, restart) takes at most this share of the wall budget left, so that
+# a short budget ends on time and still gets updates (the fit alone changes no placement); a long budget's fit
+# (at most `imitation_steps` Adam steps, a few seconds) is not cut
+IMITATION_TIME_SHARE = 0.5
 
 
 @dataclass
@@ -618,13 +622,22 @@ class Search:
                      f"{outcomes[k].step_time:.4g} s" if outcomes[k].ok else "failing", best_op_level)
             self.save_checkpoint()
             return
-        info = self.agent.imitate(targets[k])
+        info = self.agent.imitate(targets[k], deadline=self._deadline())
         self.imitated = names[k]
         self.start_groups = targets[k].copy()
         self._start_elite(targets[k], float(outcomes[k].step_time))
         log.info("warm start: imitated %s at group level (%.4g s) in %d steps (per-group prob %.3f)", names[k],
                  outcomes[k].step_time, info["imitation_steps"], info["imitation_prob"])
         self.save_checkpoint()
+
+    def _deadline(self) -> float | None:
+        """When an imitation fit (warm start, fine-tune start, restart) must stop, as a `time.perf_counter()`
+        value: after `IMITATION_TIME_SHARE` of the wall budget left (None outside `run`), so that up to
+        `imitation_steps` Adam steps do not overrun a short budget and leave it no update."""
+        budget_s = self._budget[0]
+        if budget_s is None:
+            return None
+        return time.perf_counter() + IMITATION_TIME_SHARE * max(0.0, budget_s - self.wall_s())
 
     def _start_elite(self, groups: np.ndarray, t: float) -> None:
         """A start placement (step time `t`) becomes the run's elite (and a member of its elite set)."""
@@ -659,14 +672,14 @@ class Search:
         trusted = fit == "never" or (fit == "auto" and trusted)
         self.zero_shot["imitation_steps"] = 0
         if self.start_groups is not None and not trusted:
-            info = self.agent.imitate(self.start_groups)
+            info = self.agent.imitate(self.start_groups, deadline=self._deadline())
             self.zero_shot["imitation_steps"] = int(info["imitation_steps"])
             self.zero_shot["imitation_prob"] = float(info["imitation_prob"])
         log.info("fine-tune starts from %s (%.4g s; zero-shot best %s, best heuristic %s)%s",
                  self.zero_shot.get("start", "the zero-shot best"), self.elite_time, zs,
                  min(heuristics) if heuristics else None,
                  f": policy fitted to it in {self.zero_shot['imitation_steps']} steps (per-group prob "
-                 f"{self.zero_shot['imitation_prob']:.3f})" if self.zero_shot["imitation_steps"] else
+                 f"{self.zero_shot['imitation_prob']:.3f})" if "imitation_prob" in self.zero_shot else
                  ": policy kept as pretrained" + (" (it beats every heuristic)" if fit == "auto" and trusted else ""))
         self.save_checkpoint()
 
@@ -1003,7 +1016,7 @@ class Search:
 
     def _restart(self) -> None:
         """Start the local search again from the warm-start placement (the best found so far is kept)."""
-        info = self.agent.imitate(self.start_groups)
+        info = self.agent.imitate(self.start_groups, deadline=self._deadline())
         self.elite_groups, self.elite_time, self.since_elite = None, float("inf"), 0
         self.elite_set = []
         self.restarts += 1
