@@ -403,6 +403,62 @@ def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines
         p.close()
 
 
+def test_place_budget_is_fine_tuning_after_the_zero_shot_answer(nmt_tiny, monkeypatch):
+    """`placer place --budget S` / `place(policy=..., budget_seconds=S)` (place_settings: budget_after_zero_shot)
+    fine-tunes for S seconds after the zero-shot answer, however long the answer took, and the fine-tune's fit
+    takes at most half of them. A plain search's budget counts from its start. On a clock that only evaluations
+    advance (10 ms each)."""
+    import placer.rl.reinforce as reinforce_mod
+    import placer.rl.search as search_mod
+    from placer.problem import build_problem
+    from placer.rl.portable import PortableWeights
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import IMITATION_TIME_SHARE, Search
+    from placer.search import place_settings, policy_inputs
+
+    assert place_settings(16)["budget_after_zero_shot"] is True       # what the CLI and the API pass
+    clock = [0.0]
+    fake = type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])})
+    monkeypatch.setattr(search_mod, "time", fake)
+    monkeypatch.setattr(reinforce_mod, "time", fake)
+    w = PortableWeights(32, 16, seed=0)          # untrained: its zero-shot best is slower than a baseline
+    p = build_problem(nmt_tiny, "3xK80", seed=0)
+
+    class Slow:
+        devices = p.simulator.devices
+
+        def evaluate(self, placements):
+            clock[0] += 0.01 * len(placements)
+            return p.simulator.evaluate(placements)
+
+    try:
+        for after in (True, False):
+            settings = {**place_settings(16, refine_seconds=600, refine_moves=100), "budget_after_zero_shot": after}
+            cfg = ReinforceConfig(seed=0, portable=True, hidden_size=32, attn_size=16, num_samples=4, elite_steps=0,
+                                  imitation_steps=20, local_moves=0, **settings)
+            s = Search(p.grouping, Slow(), cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg,
+                       baselines=p.baselines, progress=False, tensorboard=False,
+                       policy_inputs=lambda: policy_inputs(p), pretrained=w)
+            fits, imitate = [], s.agent.imitate
+
+            def spy(groups, **k):
+                fits.append((clock[0], s.wall_s(), k.get("deadline")))
+                return imitate(groups, **k)
+
+            monkeypatch.setattr(s.agent, "imitate", spy)
+            res = s.run(0.5, max_updates=2)
+            answer = s.history[0]["wall_s"]      # the zero-shot answer's wall: 16 samples and 100 moves, > 0.5 s
+            assert s.zero_shot["refine_evaluations"] == 100 and answer > 1.0
+            if after:
+                assert res.updates == 2 and s._budget[0] == pytest.approx(answer + 0.5)
+                (now, wall, deadline), = fits
+                assert deadline == pytest.approx(now + IMITATION_TIME_SHARE * (answer + 0.5 - wall))
+            else:
+                assert res.updates == 0 and res.stop_reason == "budget"
+    finally:
+        p.close()
+
+
 def test_fine_tune_fits_the_pretrained_policy_to_its_start_unless_it_beats_every_heuristic(nmt_tiny):
     """Before its first update, a fine-tune whose zero-shot best is slower than some baseline fits the pretrained
     policy to its start (as the warm start fits a fresh policy to its baseline), once, not again on resume; one

@@ -145,6 +145,9 @@ class ReinforceConfig:
     # run, wherever the machine spends it within the seconds (`placer place`: placer.search.PLACE_REFINE_MOVES)
     zero_shot_refine_moves: int = 0
     zero_shot_refine_accept0: float = 0.05
+    # the wall budget counts from the zero-shot answer (sampled and refined), not from the search's start: `placer
+    # place --budget S` is S seconds of fine-tuning after the answer, however long the answer took
+    budget_after_zero_shot: bool = False
     # a fine-tune fits the pretrained policy to its start (as the warm start fits a fresh one): "auto" unless the
     # zero-shot best beats every baseline (then the policy knows the graph), "always", "never". At equal
     # evaluations (benchmarks/finetune_start.py): fitting helped inception_v3 (whose zero-shot best is slower than

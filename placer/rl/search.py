@@ -1151,6 +1151,9 @@ class Search:
             if max_updates == 0 and self._agent is None:
                 self._policy_jit = False     # one batch of samples: tracing alone beats tracing + XLA compiling
             self._zero_shot()                # the pretrained policy is the start: no baseline imitation
+            if self.config.budget_after_zero_shot:
+                budget_seconds = float(budget_seconds) + self.wall_s()
+                self._budget = (budget_seconds, max_evaluations)
         if self.updates == 0 and self.imitated == "pretrained" and not self.grouped_times and max_updates != 0 \
                 and self.config.imitation_steps > 0 and self.best_placement is not None and not one_choice:
             self._pretrained_start()         # also when resumed after the zero-shot batch (or a zero-shot answer)
