@@ -36,7 +36,8 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
     batches of `samples` for `sample_seconds`, default `placer.search.PLACE_SAMPLE_SECONDS`; 0: one batch;
     then local moves from that best for `refine_seconds`, default `PLACE_REFINE_SECONDS`, 0: none, or until
     `refine_moves` of them, default `PLACE_REFINE_MOVES`, 0: no limit, whichever ends first;
-    `.extra["zero_shot"]`) instead of imitating a baseline; with `budget_seconds=0` that answer is all (seconds).
+    `.extra["zero_shot"]`) instead of imitating a baseline, then fine-tunes for `budget_seconds` after that answer;
+    with `budget_seconds=0` that answer is all (seconds).
     """
     if budget_seconds == 0 and policy is None:
         raise PlacerError("budget_seconds=0 places with a pretrained policy only: give policy= (e.g. 'default')")

@@ -187,7 +187,8 @@ def place_settings(samples: int, sample_seconds: float | None = None, refine_sec
                    refine_moves: int | None = None, flag=lambda name: name) -> dict:
     """The zero-shot settings of `placer place` / `place(policy=...)` as ReinforceConfig fields, None taking
     `PLACE_SAMPLE_SECONDS`, `PLACE_REFINE_SECONDS` and `PLACE_REFINE_MOVES`; a bad value is one SearchError
-    naming it by `flag(name)` (the CLI passes its flags, the API its keywords).
+    naming it by `flag(name)` (the CLI passes its flags, the API its keywords). The budget then counts from the
+    zero-shot answer (`budget_after_zero_shot`: `--budget` is seconds of fine-tuning after it).
 
     >>> place_settings(8, refine_moves=0)["zero_shot_refine_moves"]
     0
@@ -205,7 +206,7 @@ def place_settings(samples: int, sample_seconds: float | None = None, refine_sec
             raise SearchError(f"{flag(name)} must be 0 or more, got {v}")
     return {"zero_shot_samples": int(samples), "zero_shot_seconds": float(vals["sample_seconds"]),
             "zero_shot_refine_seconds": float(vals["refine_seconds"]),
-            "zero_shot_refine_moves": int(vals["refine_moves"])}
+            "zero_shot_refine_moves": int(vals["refine_moves"]), "budget_after_zero_shot": True}
 
 
 def load_policy(policy):

@@ -28,3 +28,21 @@ def benchmark_script():
         return mod
 
     return load
+
+
+@pytest.fixture(scope="session")
+def tb_scalars():
+    """Read a tb/ directory's TensorBoard events: `tb_scalars(path)` → {tag: [(step, value)]}."""
+    def read(tb):
+        import tensorflow as tf
+        from tensorflow.core.util import event_pb2
+
+        out: dict[str, list[tuple[int, float]]] = {}
+        for f in sorted(tb.iterdir()):
+            for rec in tf.data.TFRecordDataset(str(f)):
+                e = event_pb2.Event.FromString(rec.numpy())
+                for v in e.summary.value:
+                    out.setdefault(v.tag, []).append((int(e.step), float(tf.make_ndarray(v.tensor))))
+        return out
+
+    return read

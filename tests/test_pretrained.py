@@ -273,6 +273,28 @@ def test_cli_place_with_a_corrupt_policy_is_one_line(tmp_path, capsys):
     assert rc == 2 and len(err.splitlines()) == 1 and "policy.json" in err
 
 
+
+def test_a_missing_policy_path_is_named_as_given(tmp_path, monkeypatch, capsys):
+    """--policy /nonexistent (or a relative name) names that path, not its parent directory (/ or .)."""
+    from placer.cli import main
+    from placer.rl.portable import PortableWeights
+    from placer.search import load_policy
+
+    monkeypatch.chdir(tmp_path)
+    for spec in ("/nonexistent-policy", "nonexistent-policy", str(tmp_path / "no" / "such")):
+        for load in (PortableWeights.load, load_policy):
+            with pytest.raises(SearchError) as e:
+                load(spec)
+            assert str(e.value).startswith(f"{spec} does not exist") and "\n" not in str(e.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SearchError, match=r"^empty is not a policy directory"):
+        load_policy("empty")
+    for cmd in ("place", "search"):
+        rc = main([cmd, "--policy", "nonexistent-policy", "--model", "nmt", "--size", "tiny", "--cluster", "2xK80",
+                   "--budget", "5", "--out", str(tmp_path / cmd)])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1 and "nonexistent-policy does not exist" in err, (cmd, err)
+
 def test_shipped_policy_places_a_family_it_never_saw(inception_tiny):
     """inception_v3 is held out of the pretraining corpus; the shipped policy places it on 2 to 8 GPUs, every
     group on an allowed device, and its zero-shot best is a real placement the simulator accepts."""
@@ -294,7 +316,7 @@ def test_shipped_policy_places_a_family_it_never_saw(inception_tiny):
         assert used <= set(r.extra["devices"]) and len(r.extra["devices"]) == n + 1
 
 
-def test_cli_place_writes_placement_and_summary(tmp_path):
+def test_cli_place_writes_placement_and_summary(tmp_path, tb_scalars):
     from placer.cli import main
 
     out = tmp_path / "d"
@@ -309,6 +331,10 @@ def test_cli_place_writes_placement_and_summary(tmp_path):
     assert s["search_best_s"] <= s["zero_shot"]["sampled_best_s"]
     assert s["zero_shot"]["refine_evaluations"] == 30 and s["zero_shot"]["refine_stop"] == "moves"
     assert s["search_best_s"] is not None and s["step_time_s"] <= s["search_best_s"] + 1e-12
+    # no policy update ran, yet tb/ (listed and in CLI.md) holds the zero-shot point and the baselines
+    tb = tb_scalars(out / "tb")
+    assert tb["step_time/sampled_min"] == [(0, pytest.approx(s["zero_shot"]["sampled_best_s"]))]
+    assert {f"baseline/{k}" for k, v in s["baselines"].items() if v is not None} <= set(tb)
 
 
 def test_cli_place_on_devices_as_cli_md_says(tmp_path, capsys):
@@ -387,6 +413,62 @@ def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines
         s0.run(600.0, max_updates=1)
         assert s0.updates == 1 and s0.grouped_times == s.grouped_times
         assert s0.elite_time <= min(min(grouped), s0.zero_shot["best_s"])
+    finally:
+        p.close()
+
+
+def test_place_budget_is_fine_tuning_after_the_zero_shot_answer(nmt_tiny, monkeypatch):
+    """`placer place --budget S` / `place(policy=..., budget_seconds=S)` (place_settings: budget_after_zero_shot)
+    fine-tunes for S seconds after the zero-shot answer, however long the answer took, and the fine-tune's fit
+    takes at most half of them. A plain search's budget counts from its start. On a clock that only evaluations
+    advance (10 ms each)."""
+    import placer.rl.reinforce as reinforce_mod
+    import placer.rl.search as search_mod
+    from placer.problem import build_problem
+    from placer.rl.portable import PortableWeights
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import IMITATION_TIME_SHARE, Search
+    from placer.search import place_settings, policy_inputs
+
+    assert place_settings(16)["budget_after_zero_shot"] is True       # what the CLI and the API pass
+    clock = [0.0]
+    fake = type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])})
+    monkeypatch.setattr(search_mod, "time", fake)
+    monkeypatch.setattr(reinforce_mod, "time", fake)
+    w = PortableWeights(32, 16, seed=0)          # untrained: its zero-shot best is slower than a baseline
+    p = build_problem(nmt_tiny, "3xK80", seed=0)
+
+    class Slow:
+        devices = p.simulator.devices
+
+        def evaluate(self, placements):
+            clock[0] += 0.01 * len(placements)
+            return p.simulator.evaluate(placements)
+
+    try:
+        for after in (True, False):
+            settings = {**place_settings(16, refine_seconds=600, refine_moves=100), "budget_after_zero_shot": after}
+            cfg = ReinforceConfig(seed=0, portable=True, hidden_size=32, attn_size=16, num_samples=4, elite_steps=0,
+                                  imitation_steps=20, local_moves=0, **settings)
+            s = Search(p.grouping, Slow(), cpu_index=p.cluster.cpu_index, allowed=p.allowed, config=cfg,
+                       baselines=p.baselines, progress=False, tensorboard=False,
+                       policy_inputs=lambda: policy_inputs(p), pretrained=w)
+            fits, imitate = [], s.agent.imitate
+
+            def spy(groups, **k):
+                fits.append((clock[0], s.wall_s(), k.get("deadline")))
+                return imitate(groups, **k)
+
+            monkeypatch.setattr(s.agent, "imitate", spy)
+            res = s.run(0.5, max_updates=2)
+            answer = s.history[0]["wall_s"]      # the zero-shot answer's wall: 16 samples and 100 moves, > 0.5 s
+            assert s.zero_shot["refine_evaluations"] == 100 and answer > 1.0
+            if after:
+                assert res.updates == 2 and s._budget[0] == pytest.approx(answer + 0.5)
+                (now, wall, deadline), = fits
+                assert deadline == pytest.approx(now + IMITATION_TIME_SHARE * (answer + 0.5 - wall))
+            else:
+                assert res.updates == 0 and res.stop_reason == "budget"
     finally:
         p.close()
 

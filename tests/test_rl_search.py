@@ -104,6 +104,24 @@ def test_search_beats_baseline_and_reaches_optimum(tmp_path):
     assert any((tmp_path / "tb").iterdir())
 
 
+def test_tb_is_written_when_no_update_ran(tmp_path, tb_scalars):
+    """CLI.md promises tb/ in every search directory: with no policy update (max_updates=0, one allowed device)
+    it holds the baselines and the best so far."""
+    gr, ev = _setup()
+    single = gr.expand(np.zeros(gr.num_groups, int), CPU)
+    res = run_loop(gr, ev, budget_seconds=60, max_updates=0, out_dir=tmp_path / "a", cpu_index=CPU, progress=False,
+                   baselines={"single_gpu": single}, config=ReinforceConfig(**SMALL))
+    assert res.updates == 0
+    scalars = tb_scalars(tmp_path / "a" / "tb")
+    assert scalars["baseline/single_gpu"] == [(0, pytest.approx(res.baselines["single_gpu"]))]
+    assert scalars["step_time/best_so_far"] == [(0, pytest.approx(res.step_time))]
+    assert "step_time/policy_best" not in scalars          # no sample: the infinite best is not written
+    allowed = np.zeros((gr.num_groups, 4), bool)
+    allowed[:, CPU] = True
+    run_loop(gr, ev, budget_seconds=60, out_dir=tmp_path / "b", cpu_index=CPU, allowed=allowed, progress=False)
+    assert "step_time/best_so_far" in tb_scalars(tmp_path / "b" / "tb")
+
+
 def test_warm_start_imitates_best_baseline():
     gr, ev = _setup()
     perfect = ev.target_ops.copy()
@@ -674,3 +692,60 @@ def test_the_warm_start_is_the_runs_first_elite():
     assert s.imitated and s.start_groups is not None
     np.testing.assert_array_equal(s.elite_groups, s.start_groups)
     assert s.elite_time == pytest.approx(s.grouped_times[s.imitated])
+
+
+def test_an_imitation_fit_stops_at_its_deadline(monkeypatch):
+    # Reinforce.imitate(deadline=...): no Adam step starts after the deadline (a clock that each step advances by
+    # 0.1 s); a deadline already past makes no step
+    import placer.rl.reinforce as reinforce_mod
+
+    gr, ev = _setup()
+    s = Search(gr, ev, cpu_index=CPU, progress=False,
+               config=ReinforceConfig(seed=0, imitation_steps=50, imitation_prob=1.01, **SMALL))
+    agent, clock = s.agent, [0.0]
+    fit = agent._imitate_fn
+
+    def step(*a):
+        clock[0] += 0.1
+        return fit(*a)
+
+    monkeypatch.setattr(agent, "_imitate_fn", step)
+    monkeypatch.setattr(reinforce_mod, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    assert agent.imitate(gr.target, deadline=0.35)["imitation_steps"] == 4      # steps start at 0, .1, .2, .3
+    assert agent.imitate(gr.target, deadline=0.0)["imitation_steps"] == 0
+    assert agent.imitate(gr.target)["imitation_steps"] == 50                   # no deadline: max_steps
+
+
+def test_imitation_fits_take_half_the_wall_budget_left(monkeypatch):
+    # the warm start's fit (and a restart's) stops after IMITATION_TIME_SHARE of the budget left, so that a short
+    # budget ends on time and still gets updates; outside run() there is no deadline. On a clock that only
+    # evaluations advance (10 ms each)
+    import placer.rl.search as search_mod
+
+    Slow, gr, ev, kw = _slow_clock(monkeypatch)
+    s = Search(gr, Slow(ev.target_ops), config=ReinforceConfig(seed=0, restart_updates=1, elite_steps=0, **SMALL), **kw)
+    assert s._deadline() is None
+    calls, imitate = [], s.agent.imitate
+
+    def spy(groups, **k):
+        calls.append((search_mod.time.perf_counter(), s.wall_s(), k.get("deadline")))
+        return imitate(groups, **k)
+
+    monkeypatch.setattr(s.agent, "imitate", spy)
+    s.run(1.0, max_updates=2)
+    assert s.imitated == "single_gpu" and s.restarts >= 1 and len(calls) >= 2    # the warm start, then a restart
+    for now, wall, deadline in calls:
+        assert deadline == pytest.approx(now + search_mod.IMITATION_TIME_SHARE * (1.0 - wall))
+    s.run(s.wall_s(), max_updates=3)           # no time left: the deadline is now (no step)
+    assert s._deadline() == pytest.approx(search_mod.time.perf_counter())
+
+
+def test_a_short_budget_ends_on_time_however_many_imitation_steps(tmp_path):
+    # real time: a warm start of up to 100,000 Adam steps (a target it never reaches) within a 2 s budget; the
+    # search ends after at most one update past it (generous margin for a loaded machine)
+    gr, ev = _setup()
+    t0 = time.perf_counter()
+    res = run_loop(gr, ev, budget_seconds=2.0, cpu_index=CPU, progress=False,
+                   baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)},
+                   config=ReinforceConfig(seed=0, imitation_steps=100_000, imitation_prob=1.01, **SMALL))
+    assert res.stop_reason == "budget" and res.updates >= 1 and time.perf_counter() - t0 < 20

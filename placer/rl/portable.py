@@ -194,10 +194,12 @@ class PortableWeights(tf.Module):
         """Read a policy directory (or its policy.json / policy.npz). SearchError (one line) when it is missing,
         corrupt, or from another format version."""
         p = Path(path)
+        if not p.exists():
+            raise SearchError(f"{p} does not exist (a policy directory holds policy.json and policy.npz)")
         d = p if p.is_dir() else p.parent
         head_p, npz_p = d / "policy.json", d / "policy.npz"
         if not head_p.exists() or not npz_p.exists():
-            raise SearchError(f"{d} is not a policy directory (it needs policy.json and policy.npz)")
+            raise SearchError(f"{p} is not a policy directory (it needs policy.json and policy.npz)")
         try:
             head = json.loads(head_p.read_text())
         except (OSError, ValueError) as e:

@@ -145,6 +145,9 @@ class ReinforceConfig:
     # run, wherever the machine spends it within the seconds (`placer place`: placer.search.PLACE_REFINE_MOVES)
     zero_shot_refine_moves: int = 0
     zero_shot_refine_accept0: float = 0.05
+    # the wall budget counts from the zero-shot answer (sampled and refined), not from the search's start: `placer
+    # place --budget S` is S seconds of fine-tuning after the answer, however long the answer took
+    budget_after_zero_shot: bool = False
     # a fine-tune fits the pretrained policy to its start (as the warm start fits a fresh one): "auto" unless the
     # zero-shot best beats every baseline (then the policy knows the graph), "always", "never". At equal
     # evaluations (benchmarks/finetune_start.py): fitting helped inception_v3 (whose zero-shot best is slower than
@@ -282,19 +285,21 @@ class Reinforce:
         return h
 
     def imitate(self, group_devices: np.ndarray, max_steps: int | None = None,
-                target_prob: float | None = None) -> dict[str, float]:
+                target_prob: float | None = None, deadline: float | None = None) -> dict[str, float]:
         """Maximum-likelihood fit to one group placement: Adam steps on -log π(group_devices) / G until
-        the geometric-mean per-group probability reaches `target_prob` (or `max_steps`). The decoder also
-        reads perturbed histories (`imitation_rows` - 1 copies with a few earlier groups moved), so that after
-        one group is sampled elsewhere the policy still places the next groups as in `group_devices`."""
-        return self.imitate_set(np.asarray(group_devices)[None], max_steps=max_steps, target_prob=target_prob)
+        the geometric-mean per-group probability reaches `target_prob` (or `max_steps`, or `deadline`). The
+        decoder also reads perturbed histories (`imitation_rows` - 1 copies with a few earlier groups moved), so
+        that after one group is sampled elsewhere the policy still places the next groups as in `group_devices`."""
+        return self.imitate_set(np.asarray(group_devices)[None], max_steps=max_steps, target_prob=target_prob,
+                                deadline=deadline)
 
     def imitate_set(self, placements: np.ndarray, max_steps: int | None = None,
-                    target_prob: float | None = None) -> dict[str, float]:
+                    target_prob: float | None = None, deadline: float | None = None) -> dict[str, float]:
         """Maximum-likelihood fit to E group placements at once (E > 1: the cross-entropy method's elite set,
         best first): each row of `placements` int[E, G] gets an equal share of the imitation rows, its own
-        perturbed histories as in `imitate` (E = 1 is `imitate`). Stops after `max_steps` or when the first
-        placement's geometric-mean per-group probability reaches `target_prob`."""
+        perturbed histories as in `imitate` (E = 1 is `imitate`). Stops after `max_steps`, when the first
+        placement's geometric-mean per-group probability reaches `target_prob`, or once `time.perf_counter()`
+        passes `deadline` (no step starts after it: a search's budget; 0 steps when it has passed already)."""
         cfg = self.config
         max_steps = cfg.imitation_steps if max_steps is None else max_steps
         target_prob = cfg.imitation_prob if target_prob is None else target_prob
@@ -303,7 +308,8 @@ class Reinforce:
         per = max(1, -(-rows // len(placements)))
         a = tf.constant(np.repeat(placements, per, 0), tf.int32)
         prob, steps = 0.0, 0
-        for steps in range(1, max_steps + 1):
+        while steps < max_steps and (deadline is None or time.perf_counter() < deadline):
+            steps += 1
             h = tf.constant(np.concatenate([self._histories(p, per) for p in placements]), tf.int32)
             with tf.device(POLICY_DEVICE):
                 prob = float(np.exp(-float(self._imitate_fn(a, h))))   # row 0: the first, unperturbed

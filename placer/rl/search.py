@@ -58,6 +58,10 @@ POLICY_FREQ_DECAY = 0.5       # where the policy's samples put each group: each 
 LOCAL_SEEN_MAX = 200_000      # the local moves forget what they evaluated beyond this many placements (memory)
 STOP_AFTER_UPDATES = 3        # updates before a systematic failure may stop the search
 STOP_FAILED_FRACTION = 0.5    # ... when one non-memory reason accounts for this fraction of all evaluations
+# an imitation fit (warm start, fine-tune start, restart) takes at most this share of the wall budget left, so that
+# a short budget ends on time and still gets updates (the fit alone changes no placement); a long budget's fit
+# (at most `imitation_steps` Adam steps, a few seconds) is not cut
+IMITATION_TIME_SHARE = 0.5
 
 
 @dataclass
@@ -618,13 +622,22 @@ class Search:
                      f"{outcomes[k].step_time:.4g} s" if outcomes[k].ok else "failing", best_op_level)
             self.save_checkpoint()
             return
-        info = self.agent.imitate(targets[k])
+        info = self.agent.imitate(targets[k], deadline=self._deadline())
         self.imitated = names[k]
         self.start_groups = targets[k].copy()
         self._start_elite(targets[k], float(outcomes[k].step_time))
         log.info("warm start: imitated %s at group level (%.4g s) in %d steps (per-group prob %.3f)", names[k],
                  outcomes[k].step_time, info["imitation_steps"], info["imitation_prob"])
         self.save_checkpoint()
+
+    def _deadline(self) -> float | None:
+        """When an imitation fit (warm start, fine-tune start, restart) must stop, as a `time.perf_counter()`
+        value: after `IMITATION_TIME_SHARE` of the wall budget left (None outside `run`), so that up to
+        `imitation_steps` Adam steps do not overrun a short budget and leave it no update."""
+        budget_s = self._budget[0]
+        if budget_s is None:
+            return None
+        return time.perf_counter() + IMITATION_TIME_SHARE * max(0.0, budget_s - self.wall_s())
 
     def _start_elite(self, groups: np.ndarray, t: float) -> None:
         """A start placement (step time `t`) becomes the run's elite (and a member of its elite set)."""
@@ -659,14 +672,14 @@ class Search:
         trusted = fit == "never" or (fit == "auto" and trusted)
         self.zero_shot["imitation_steps"] = 0
         if self.start_groups is not None and not trusted:
-            info = self.agent.imitate(self.start_groups)
+            info = self.agent.imitate(self.start_groups, deadline=self._deadline())
             self.zero_shot["imitation_steps"] = int(info["imitation_steps"])
             self.zero_shot["imitation_prob"] = float(info["imitation_prob"])
         log.info("fine-tune starts from %s (%.4g s; zero-shot best %s, best heuristic %s)%s",
                  self.zero_shot.get("start", "the zero-shot best"), self.elite_time, zs,
                  min(heuristics) if heuristics else None,
                  f": policy fitted to it in {self.zero_shot['imitation_steps']} steps (per-group prob "
-                 f"{self.zero_shot['imitation_prob']:.3f})" if self.zero_shot["imitation_steps"] else
+                 f"{self.zero_shot['imitation_prob']:.3f})" if "imitation_prob" in self.zero_shot else
                  ": policy kept as pretrained" + (" (it beats every heuristic)" if fit == "auto" and trusted else ""))
         self.save_checkpoint()
 
@@ -740,6 +753,7 @@ class Search:
                              "mean_s": float(np.mean(times[np.isfinite(times)])) if np.isfinite(times).any()
                              else float("nan"), "min_s": float(times.min()) if np.isfinite(times).any()
                              else float("nan"), "failed": float((~np.isfinite(times)).mean()), "zero_shot": 1.0})
+        self._tb(self.history[-1])
         self.save_checkpoint()
 
     def _update_elite_set(self, group_devices: np.ndarray, step_times: np.ndarray, ok: np.ndarray) -> None:
@@ -1002,7 +1016,7 @@ class Search:
 
     def _restart(self) -> None:
         """Start the local search again from the warm-start placement (the best found so far is kept)."""
-        info = self.agent.imitate(self.start_groups)
+        info = self.agent.imitate(self.start_groups, deadline=self._deadline())
         self.elite_groups, self.elite_time, self.since_elite = None, float("inf"), 0
         self.elite_set = []
         self.restarts += 1
@@ -1027,24 +1041,28 @@ class Search:
 
     def _tb(self, row: dict[str, float]) -> None:
         """TensorBoard scalars via TF's core `tf.summary.write` with the scalars-plugin metadata (what
-        `tf.summary.scalar` writes, without needing the tensorboard package installed)."""
+        `tf.summary.scalar` writes, without needing the tensorboard package installed). The first call also
+        writes the baselines' step times (`baseline/NAME`, at step 0); a row without some key (the zero-shot
+        batch's has no reward, `_finish`'s no samples) writes the others, and no value that is not finite."""
         if not self.tensorboard or self.out_dir is None:
             return
         import tensorflow as tf
         from tensorflow.core.framework import summary_pb2
 
-        if self._writer is None:
-            self._writer = tf.summary.create_file_writer(str(self.out_dir / "tb"))
-            self._tb_meta = summary_pb2.SummaryMetadata(
-                plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
         tags = {"reward/mean": "reward_mean", "reward/baseline": "baseline", "step_time/sampled_mean": "mean_s",
                 "step_time/sampled_min": "min_s", "step_time/best_so_far": "best_s",
                 "step_time/policy_best": "search_best_s", "policy/entropy": "entropy",
                 "policy/failed_fraction": "failed"}
+        points = [(tag, int(row["update"]), row.get(key)) for tag, key in tags.items()]
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(str(self.out_dir / "tb"))
+            self._tb_meta = summary_pb2.SummaryMetadata(
+                plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+            points = [(f"baseline/{k}", 0, v) for k, v in self.baselines.items()] + points
         with self._writer.as_default():
-            for tag, key in tags.items():
-                tf.summary.write(tag, tf.constant(row[key], tf.float32), step=int(row["update"]),
-                                 metadata=self._tb_meta)
+            for tag, step, value in points:
+                if value is not None and np.isfinite(value):
+                    tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=self._tb_meta)
 
     def write_curve(self, path: str | os.PathLike | None = None) -> Path | None:
         """curve.png: best-so-far and sampled (mean, min) step time against wall time."""
@@ -1133,6 +1151,9 @@ class Search:
             if max_updates == 0 and self._agent is None:
                 self._policy_jit = False     # one batch of samples: tracing alone beats tracing + XLA compiling
             self._zero_shot()                # the pretrained policy is the start: no baseline imitation
+            if self.config.budget_after_zero_shot:
+                budget_seconds = float(budget_seconds) + self.wall_s()
+                self._budget = (budget_seconds, max_evaluations)
         if self.updates == 0 and self.imitated == "pretrained" and not self.grouped_times and max_updates != 0 \
                 and self.config.imitation_steps > 0 and self.best_placement is not None and not one_choice:
             self._pretrained_start()         # also when resumed after the zero-shot batch (or a zero-shot answer)
@@ -1221,6 +1242,8 @@ class Search:
 
     def _finish(self, stop: str) -> LoopResult:
         self.save_checkpoint()
+        if self._writer is None:     # no update ran: tb/ (CLI.md) still holds the baselines and the best so far
+            self._tb({"update": self.updates, "best_s": self.best_time, "search_best_s": self.search_best})
         if self._writer is not None:
             self._writer.flush()
         if self.out_dir is not None:
