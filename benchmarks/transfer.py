@@ -7,7 +7,8 @@ For each held-out graph (`placer.pretrain.HELD_OUT` families: inception_v3, gpt,
 (cluster, costs, grouping, baselines), in one run:
 - zero-shot: `build_problem(..., baselines=False)` then the policy's zero-shot batches (`search(..., policy=P,
   max_updates=0)`, a batch of 64 (more for `PLACE_SAMPLE_SECONDS`), the best by the simulator, refined by local moves
-  from it for `PLACE_REFINE_SECONDS` or `PLACE_REFINE_MOVES` moves, as `placer place` does): `zero_shot_s` (the
+  from it for `PLACE_REFINE_SECONDS` or `PLACE_REFINE_MOVES` moves, `PLACE_CLUSTER_PROB` of them cluster moves, as
+  `placer place` does, `placer.search.place_settings`): `zero_shot_s` (the
   search's own best, the refined one; never a baseline's), `zero_shot_sampled_s` (the best of the policy's samples
   alone), `zero_shot_spread` (its busiest device's share of the op work, devices with >= 5%) and
   `zero_shot_wall_s` (building the problem without baselines + sampling + simulating; what `placer place
@@ -73,21 +74,18 @@ def zero_shot(spec: str, policy: str, seed: int, sample_s: float | None = None, 
     from placer.pretrain import HELD_OUT
     from placer.problem import build_problem
     from placer.rl.reinforce import ReinforceConfig
-    from placer.search import PLACE_REFINE_MOVES, PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS, load_policy, search
+    from placer.search import load_policy, place_settings, search
 
     model, size, cluster, precision = parse_graph(spec)
     if model not in HELD_OUT:
         print(f"warning: {model} is not a held-out family ({', '.join(HELD_OUT)})", file=sys.stderr)
-    sample_s = PLACE_SAMPLE_SECONDS if sample_s is None else sample_s
-    refine_s = PLACE_REFINE_SECONDS if refine_s is None else refine_s
-    refine_moves = PLACE_REFINE_MOVES if refine_moves is None else int(refine_moves)
+    settings = place_settings(ReinforceConfig.zero_shot_samples, sample_s, refine_s, refine_moves)
     g = graph if graph is not None else build_model(model, size, precision=precision)
     rec = {"graph": spec, "model": model, "size": size, "cluster": cluster, "precision": precision, "ops": g.num_ops}
     t0 = time.perf_counter()
     bare = build_problem(g, cluster, seed=seed, baselines=False)
     r = search(bare, budget_seconds=1.0, max_updates=0, seed=seed, policy=load_policy(policy),
-               config=ReinforceConfig(seed=seed, zero_shot_seconds=sample_s, zero_shot_refine_seconds=refine_s,
-                                      zero_shot_refine_moves=refine_moves, **(overrides or {})))
+               config=ReinforceConfig(seed=seed, **{**settings, **(overrides or {})}))
     rec["zero_shot_wall_s"] = time.perf_counter() - t0
     rec["zero_shot_s"] = float(r.search_best) if np.isfinite(r.search_best) else None
     rec["zero_shot"] = r.extra.get("zero_shot", {})
@@ -296,7 +294,7 @@ def run_graph(spec: str, policy: str, finetune: float, scratch: list[float], see
 
 def section(recs: list[dict], info: dict, command: str, date: str, mach: str, finetune: float,
             scratch: list[float], warm_s: float | None = None) -> str:
-    from placer.search import PLACE_REFINE_MOVES, PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS
+    from placer.search import PLACE_CLUSTER_PROB, PLACE_REFINE_MOVES, PLACE_REFINE_SECONDS, PLACE_SAMPLE_SECONDS
 
     f = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
     ft = f"finetune{int(finetune)}_s"
@@ -318,8 +316,8 @@ def section(recs: list[dict], info: dict, command: str, date: str, mach: str, fi
              "(preset clusters, analytical costs), every search figure the policy's own best (`search_best_s`); "
              "walls measured on this 2-core machine. Zero-shot: the best of the policy's samples "
              + ("(one batch of 64)" if PLACE_SAMPLE_SECONDS <= 0 else f"({PLACE_SAMPLE_SECONDS:g} s of batches of 64)")
-             + f", then local moves from it for {PLACE_REFINE_MOVES:,} moves or {PLACE_REFINE_SECONDS:g} s, whichever "
-             "ends first "
+             + f", then local moves from it ({PLACE_CLUSTER_PROB:g} of them cluster moves) for {PLACE_REFINE_MOVES:,} "
+             f"moves or {PLACE_REFINE_SECONDS:g} s, whichever ends first "
              "(`placer place`'s answer; never from a baseline); the wall includes building the problem"
              + ("" if warm_s is None else f", not the one-time load of the simulator's numba kernels before the first "
                 f"graph ({warm_s:.1f} s here; ~9 s when a fresh install compiles them, cached on disk after)") + ".", "", *rows,

@@ -103,7 +103,8 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
                block_prob: float = 0.1, block_max: int = 8, movable: np.ndarray | None = None, tries: int = 20,
                max_depth: int = 4, links: np.ndarray | None = None, merge_prob: float = 0.0,
                attract_prob: float = 0.0, prefer: np.ndarray | None = None,
-               prefer_prob: float = 0.0) -> list[np.ndarray]:
+               prefer_prob: float = 0.0, clusters: Sequence[np.ndarray] | None = None,
+               cluster_prob: float = 0.0) -> list[np.ndarray]:
     """Up to `k` distinct neighbours of the group placement `cur` whose `group_key` is not in `seen`: a single
     movable group (`movable`: default, the groups with more than one allowed device) to another allowed device,
     or, with probability `block_prob`, a block (a contiguous run of 2..`block_max` groups, in group order, which is
@@ -119,8 +120,12 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
     a share `prefer_prob` are preferred moves: a movable group goes to a device drawn in proportion to
     `prefer[g]` (its own device and disallowed ones excluded), the group drawn in proportion to the weight it
     has elsewhere (where the preference disagrees with `cur`); without such weight it is a single move; without
-    `prefer` there are none (`prefer_prob` counts as 0).
-    The rest, 1 - `merge_prob` - `attract_prob` - `prefer_prob`, are block moves (with probability
+    `prefer` there are none (`prefer_prob` counts as 0). With `clusters` (label arrays int[G], e.g.
+    `cluster_levels`: the grouping cut into 2, 4, 8... compute-balanced parts of few links between them), a share
+    `cluster_prob` are cluster moves: every movable group of one cluster (a level drawn at random, the cluster
+    of a random movable group) to one device, each that may use it: a branch of the graph (a tower, a layer
+    stack) moves as one, where single and block moves would have to consolidate it piece by piece.
+    The rest, 1 - `merge_prob` - `attract_prob` - `prefer_prob` - `cluster_prob`, are block moves (with probability
     `block_prob`) and single moves as above. When random draws find none (the neighbourhood is used up),
     neighbours two, three... moves away are drawn instead. A block move may leave `cur` as it is: put `cur`'s
     key in `seen` to exclude it. The annealer's moves (`placer.baselines.anneal`) and the search's local moves
@@ -139,6 +144,8 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
     keys: set[bytes] = set()
     if movable.size == 0:
         return out
+    if not clusters:
+        cluster_prob = 0.0
     if prefer is None:
         prefer_prob = 0.0
     else:       # each movable group's preference over the devices it may use
@@ -149,7 +156,8 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
                 return out
             new = cur.copy()
             for _ in range(depth):
-                u = rng.random() if merge_prob > 0 or attract_prob > 0 or prefer_prob > 0 else 1.0
+                u = rng.random() if merge_prob > 0 or attract_prob > 0 or prefer_prob > 0 or cluster_prob > 0 \
+                    else 1.0
                 if u < merge_prob:
                     src = int(rng.choice(np.unique(new[movable])))
                     d = int(rng.integers(allowed.shape[1]))
@@ -171,6 +179,14 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
                         i = int(rng.choice(len(movable), p=tot / tot.sum()))
                         new[movable[i]] = int(rng.choice(w.shape[1], p=w[i] / tot[i]))
                         continue
+                lo = merge_prob + attract_prob + prefer_prob
+                if lo <= u < lo + cluster_prob:
+                    labels = clusters[int(rng.integers(len(clusters)))]
+                    g = int(rng.choice(movable))
+                    run = movable[labels[movable] == labels[g]]
+                    d = int(rng.choice(np.flatnonzero(allowed[run].any(axis=0))))
+                    new[run] = np.where(allowed[run, d], d, new[run])
+                    continue
                 if rng.random() < block_prob and G >= 2:
                     length = int(rng.integers(2, min(block_max, G) + 1))
                     if links is None:
@@ -192,6 +208,42 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
             out.append(new)
         if out:
             break
+    return out
+
+
+def cluster_levels(links: np.ndarray, weights: np.ndarray, min_size: int = 4, seed: int = 0) -> list[np.ndarray]:
+    """The groups cut into k = 2, 4, 8... parts (while a part averages at least `min_size` groups) by METIS
+    (`pymetis.part_graph`: parts of about equal `weights`, e.g. `Grouping.group_cost`, with few `links` between
+    them, both directions): one label array int[G] per k, for `neighbours`' cluster moves. Empty when there are
+    fewer than 2 * `min_size` groups. Deterministic for a seed.
+
+    >>> links = np.zeros((8, 8)); links[[0, 1, 2, 4, 5, 6], [1, 2, 3, 5, 6, 7]] = 1.0   # two chains of 4
+    >>> (lv,) = cluster_levels(links, np.ones(8))
+    >>> sorted(set(lv[:4].tolist())) != sorted(set(lv[4:].tolist())), len(set(lv[:4].tolist()))
+    (True, 1)
+    """
+    import pymetis
+
+    w = np.asarray(links, np.float64)
+    w = w + w.T
+    np.fill_diagonal(w, 0.0)
+    G = w.shape[0]
+    vw = np.asarray(weights, np.float64)
+    vw = np.maximum(1, np.round(vw / max(float(vw.sum()), 1e-30) * 2**20)).astype(np.int64)
+    xadj, adjncy, ew = [0], [], []
+    scale = 2**20 / max(float(w.sum()), 1e-30)
+    for i in range(G):
+        nz = np.flatnonzero(w[i] > 0)
+        adjncy.extend(nz.tolist())
+        ew.extend(np.maximum(1, np.round(w[i, nz] * scale)).astype(np.int64).tolist())
+        xadj.append(len(adjncy))
+    out = []
+    k = 2
+    while G >= k * min_size:
+        _, parts = pymetis.part_graph(k, xadj=xadj, adjncy=adjncy, vweights=vw.tolist(),
+                                      eweights=ew if adjncy else None, options=pymetis.Options(seed=int(seed)))
+        out.append(np.asarray(parts, np.int64))
+        k *= 2
     return out
 
 
@@ -260,21 +312,25 @@ def auto_merge_prob(merge_prob: float | None, num_devices: int, cpu_index: int |
 
 
 def move_shares_error(merge_prob: float, attract_prob: float, prefix: str = "", prefer_prob: float = 0.0,
-                      prefer_name: str = "prefer_prob") -> str | None:
-    """Why the shares of merge, attraction and preferred moves (`neighbours`; `prefix`: the settings' owner,
-    e.g. "AnnealConfig."; `prefer_name`: the preferred share's setting) cannot be used, or None when they can:
-    each in [0, 1], their sum at most 1.
+                      prefer_name: str = "prefer_prob", cluster_prob: float = 0.0) -> str | None:
+    """Why the shares of merge, attraction, preferred and cluster moves (`neighbours`; `prefix`: the settings'
+    owner, e.g. "AnnealConfig."; `prefer_name`: the preferred share's setting) cannot be used, or None when they
+    can: each in [0, 1], their sum at most 1.
 
     >>> move_shares_error(0.05, 0.2) is None, move_shares_error(0.6, 0.6, "AnnealConfig.")[:36]
     (True, 'AnnealConfig.merge_prob + AnnealConf')
+    >>> move_shares_error(0.05, 0.2, "X.", cluster_prob=0.8)
+    'X.merge_prob + X.attract_prob + X.cluster_prob (shares of the local moves) must be at most 1: got 0.05 + 0.2 + 0.8'
     """
-    for name, v in (("merge_prob", merge_prob), ("attract_prob", attract_prob), (prefer_name, prefer_prob)):
+    shares = [("merge_prob", merge_prob), ("attract_prob", attract_prob), (prefer_name, prefer_prob),
+              ("cluster_prob", cluster_prob)]
+    for name, v in shares:
         if not 0.0 <= v <= 1.0:
             return f"{prefix}{name} (a share of the local moves) must be between 0 and 1: got {v}"
-    if merge_prob + attract_prob + prefer_prob > 1.0:
-        names = f"{prefix}merge_prob + {prefix}attract_prob" + (f" + {prefix}{prefer_name}" if prefer_prob else "")
-        vals = f"{merge_prob} + {attract_prob}" + (f" + {prefer_prob}" if prefer_prob else "")
-        return f"{names} (shares of the local moves) must be at most 1: got {vals}"
+    if sum(v for _, v in shares) > 1.0:
+        used = [(n, v) for i, (n, v) in enumerate(shares) if i < 2 or v]
+        return (f"{' + '.join(prefix + n for n, _ in used)} (shares of the local moves) must be at most 1: "
+                f"got {' + '.join(str(v) for _, v in used)}")
     return None
 
 

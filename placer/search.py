@@ -49,9 +49,16 @@ REMEASURE_TOP = 3
 # 6,000 moves gave inception_v3 0.3966 / 0.3845 / 0.3836 / 0.3796 s, gpt 0.3023 / 0.2966 / 0.2916 / 0.2946, clip
 # 0.2396 / 0.2298 / 0.2173 / 0.2226 (METIS 0.2351): 4,500 is where the gains stop. The seconds went from 6.5 to
 # 7.5 so that gpt and clip (~500 moves a second on a fast hour, both cores) get nearer to them within ~9 s of wall.
+# Since 2026-12-07 a share PLACE_CLUSTER_PROB of the refinement's moves are cluster moves (a METIS part of the
+# groups, at 2, 4, 8... parts, to one device; `ReinforceConfig.local_cluster_prob`, `placer.grouped.cluster_levels`):
+# a tower or a layer stack that the policy's sample scattered over devices comes together in one move. Seeds 0-3,
+# 4,500 moves (`transfer.py --zero-shot-only --splits 0:60:4500 --seeds 4 --zero-shot-config
+# '{"local_cluster_prob": P}'`, 2026-12-07 10:30 UTC; simulated): P = 0 / 0.1 / 0.3 gave inception_v3 0.3836 /
+# 0.3785 / 0.3763 s, gpt 0.2916 / 0.2898 / 0.2907, clip 0.2173 / 0.2018 / 0.1990 (RESULTS.md "Cluster moves").
 PLACE_SAMPLE_SECONDS = 0.0
 PLACE_REFINE_SECONDS = 7.5
 PLACE_REFINE_MOVES = 4500
+PLACE_CLUSTER_PROB = 0.3
 DROP_AFTER = 2       # measurements that find a device dead before a measured search drops it and re-places
 
 
@@ -186,7 +193,8 @@ def policy_inputs(problem: PlacementProblem):
 def place_settings(samples: int, sample_seconds: float | None = None, refine_seconds: float | None = None,
                    refine_moves: int | None = None, flag=lambda name: name) -> dict:
     """The zero-shot settings of `placer place` / `place(policy=...)` as ReinforceConfig fields, None taking
-    `PLACE_SAMPLE_SECONDS`, `PLACE_REFINE_SECONDS` and `PLACE_REFINE_MOVES`; a bad value is one SearchError
+    `PLACE_SAMPLE_SECONDS`, `PLACE_REFINE_SECONDS` and `PLACE_REFINE_MOVES` (and the refinement's share of
+    cluster moves, `PLACE_CLUSTER_PROB`); a bad value is one SearchError
     naming it by `flag(name)` (the CLI passes its flags, the API its keywords). The budget then counts from the
     zero-shot answer (`budget_after_zero_shot`: `--budget` is seconds of fine-tuning after it).
 
@@ -206,7 +214,8 @@ def place_settings(samples: int, sample_seconds: float | None = None, refine_sec
             raise SearchError(f"{flag(name)} must be 0 or more, got {v}")
     return {"zero_shot_samples": int(samples), "zero_shot_seconds": float(vals["sample_seconds"]),
             "zero_shot_refine_seconds": float(vals["refine_seconds"]),
-            "zero_shot_refine_moves": int(vals["refine_moves"]), "budget_after_zero_shot": True}
+            "zero_shot_refine_moves": int(vals["refine_moves"]), "budget_after_zero_shot": True,
+            "local_cluster_prob": PLACE_CLUSTER_PROB}
 
 
 def load_policy(policy):

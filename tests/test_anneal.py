@@ -418,3 +418,66 @@ def test_merge_moves_by_default_follow_the_accelerator_count(gpus, share, monkey
     given = Search(gr, ev, cpu_index=cpu, allowed=allowed, progress=False, tensorboard=False,
                    config=ReinforceConfig(seed=0, local_merge_prob=0.0))
     assert given.config.local_merge_prob == 0.0
+
+
+def test_cluster_moves_move_a_whole_metis_part_to_one_device():
+    """cluster_levels cuts the groups into 2, 4... parts of few links between them (two chains: one part each);
+    a cluster move sends every movable group of one part to one device, each that may use it; the shares' check
+    counts the cluster share; with the share 0 the draws are those of before."""
+    from placer.grouped import cluster_levels, group_key, move_shares_error, neighbours
+
+    G, D = 8, 3
+    links = np.zeros((G, G))
+    links[[0, 1, 2, 4, 5, 6], [1, 2, 3, 5, 6, 7]] = 1.0          # two chains of four groups
+    levels = cluster_levels(links, np.ones(G))
+    assert len(levels) == 1 and len(set(levels[0][:4])) == 1 and len(set(levels[0][4:])) == 1
+    assert levels[0][0] != levels[0][4]
+    assert cluster_levels(links, np.ones(G), min_size=5) == []
+    cur = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+    allowed = np.ones((G, D), bool)
+    allowed[2, 1] = False                                          # group 2 may not go to device 1
+    nb = neighbours(cur, allowed, np.random.default_rng(0), 6, {group_key(cur)}, clusters=levels, cluster_prob=1.0)
+    assert nb
+    for n in nb:
+        assert allowed[np.arange(G), n].all()
+        moved = np.flatnonzero(n != cur)
+        part = levels[0][moved[0]]
+        assert (levels[0][moved] == part).all() and len(set(n[moved].tolist())) == 1
+        d = int(n[moved[0]])
+        members = np.flatnonzero(levels[0] == part)
+        assert all(n[g] == d for g in members if allowed[g, d])     # the whole part went, but where it may not
+    a = neighbours(cur, allowed, np.random.default_rng(3), 6, {group_key(cur)}, attract_prob=0.2, links=links)
+    b = neighbours(cur, allowed, np.random.default_rng(3), 6, {group_key(cur)}, attract_prob=0.2, links=links,
+                   clusters=levels, cluster_prob=0.0)
+    assert [n.tolist() for n in a] == [n.tolist() for n in b]
+    assert "cluster_prob" in move_shares_error(0.1, 0.5, "AnnealConfig.", cluster_prob=0.6)
+
+
+def test_anneal_and_search_with_cluster_moves_keep_allowed_devices_and_refuse_bad_shares():
+    """The annealer with cluster moves reaches the toy's optimum within its evaluations on allowed devices; a
+    cluster share that makes the shares sum over 1 is refused before any evaluation, by the annealer and the
+    search."""
+    from placer.errors import PlacementError, SearchError
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+
+    G = 8
+    gr = _grouping(G)
+    allowed = np.ones((G, 4), bool)
+    allowed[:, CPU] = False
+    allowed[2, 1] = False
+    target = np.array([1, 1, 0, 2, 2, 2, 0, 1])
+    ev = ToyEvaluator(gr.expand(target, CPU))
+    prob = _problem(gr, allowed, ev, {"single_gpu": gr.expand(np.zeros(G, int), CPU)})
+    gr.adjacency[:] = 0.0
+    gr.adjacency[0, 1] = gr.adjacency[3, 4] = gr.adjacency[4, 5] = 1.0
+    r = anneal(prob, max_evaluations=400, seed=0, config=AnnealConfig(cluster_prob=0.3))
+    assert r.evaluations <= 400 and r.step_time == pytest.approx(1.0)
+    assert all(allowed[np.arange(G), p[::2]].all() for p in ev.seen)
+    n = len(ev.batches)
+    with pytest.raises(PlacementError, match=r"AnnealConfig.cluster_prob .* 0.05 \+ 0.2 \+ 0.9"):
+        anneal(prob, max_evaluations=50, config=AnnealConfig(merge_prob=0.05, cluster_prob=0.9))
+    with pytest.raises(SearchError, match="ReinforceConfig.local_cluster_prob"):
+        Search(gr, ev, cpu_index=CPU, allowed=allowed, config=ReinforceConfig(local_cluster_prob=0.9),
+               progress=False, tensorboard=False)
+    assert len(ev.batches) == n

@@ -749,3 +749,37 @@ def test_a_short_budget_ends_on_time_however_many_imitation_steps(tmp_path):
                    baselines={"single_gpu": gr.expand(np.zeros(gr.num_groups, int), CPU)},
                    config=ReinforceConfig(seed=0, imitation_steps=100_000, imitation_prob=1.01, **SMALL))
     assert res.stop_reason == "budget" and res.updates >= 1 and time.perf_counter() - t0 < 20
+
+
+def test_cluster_moves_reach_the_chain_only_when_their_share_asks_and_placer_place_asks(monkeypatch):
+    """ReinforceConfig.local_cluster_prob: the chain's neighbours get the grouping's cluster levels (computed once)
+    and the share; with the share 0 no levels are computed. `placer place` (place_settings) turns the share on."""
+    import placer.rl.search as rs
+    from placer.search import PLACE_CLUSTER_PROB, place_settings
+
+    assert place_settings(8)["local_cluster_prob"] == PLACE_CLUSTER_PROB > 0
+    gr, ev = _setup(G=12, seed=6)
+    gr.adjacency = np.eye(12, k=1)            # one chain of groups: two parts at the one level (12 groups)
+    gr.group_cost = np.ones(12)
+    single = gr.expand(np.zeros(gr.num_groups, int), CPU)
+    calls = []
+    real = rs.neighbours
+
+    def spy(*a, **k):
+        calls.append((k.get("clusters"), k.get("cluster_prob")))
+        return real(*a, **k)
+
+    monkeypatch.setattr(rs, "neighbours", spy)
+    for share in (0.0, 0.5):
+        calls.clear()
+        s = Search(gr, ev, cpu_index=CPU, baselines={"single_gpu": single}, progress=False,
+                   config=ReinforceConfig(seed=0, local_moves=16, local_cluster_prob=share, **SMALL))
+        res = s.run(60, max_updates=2)
+        assert calls and all(p == share for _, p in calls)
+        if share == 0.0:
+            assert all(c == [] for c, _ in calls) and s._cluster_levels is None
+        else:
+            (lv,) = calls[0][0]
+            assert lv.shape == (12,) and len(set(lv.tolist())) == 2
+            assert all(c is calls[0][0] for c, _ in calls)          # computed once
+        assert np.isfinite(res.search_best)

@@ -49,8 +49,9 @@ from typing import Any
 import numpy as np
 
 from placer.errors import PlacementError
-from placer.grouped import (accept0_error, accept_move, auto_merge_prob, charged_step_times, failure_reference,
-                            group_key, grouped_baselines, initial_temperature, move_shares_error, neighbours)
+from placer.grouped import (accept0_error, accept_move, auto_merge_prob, charged_step_times, cluster_levels,
+                            failure_reference, group_key, grouped_baselines, initial_temperature, move_shares_error,
+                            neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class AnnealConfig:
                                   # else 0; RESULTS.md "Merges by device count"); the result's config records it
     accept0: float = 0.3          # at T0 a median worsening move of the first batch is accepted with this probability
     t_final: float = 1e-4         # final temperature, in relative step-time change (1e-3, 1e-5 no better)
+    cluster_prob: float = 0.0     # share of cluster moves (a METIS part of the groups to one device;
+                                  # placer.grouped.cluster_levels)
     restarts: int = 0             # reheats from the best so far, the budget split into restarts + 1 schedules
     rule: str = "greedy"          # "greedy" or "metropolis" (module docstring); metropolis worse on both models
     failure_factor: float = 10.0  # a failure costs this × the single-GPU step time (as ReinforceConfig's)
@@ -126,7 +129,8 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
         raise PlacementError(f"unknown anneal block {cfg.block!r}: use run or linked")
     if (msg := accept0_error(cfg.accept0, "AnnealConfig.accept0")) is not None:
         raise PlacementError(msg)
-    if (msg := move_shares_error(cfg.merge_prob, cfg.attract_prob, "AnnealConfig.")) is not None:
+    if (msg := move_shares_error(cfg.merge_prob, cfg.attract_prob, "AnnealConfig.",
+                                 cluster_prob=cfg.cluster_prob)) is not None:
         raise PlacementError(msg)
     evaluator = evaluator if evaluator is not None else problem.simulator
     grouping, cluster = problem.grouping, problem.cluster
@@ -174,6 +178,8 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
     # ---- the schedule
     movable = np.flatnonzero(allowed.sum(axis=1) > 1)
     links = np.asarray(grouping.adjacency, float) if cfg.block == "linked" else None
+    clusters = cluster_levels(np.asarray(grouping.adjacency, float), np.asarray(grouping.group_cost, float)) \
+        if cfg.cluster_prob > 0 else []
     t0 = t_fin = float("nan")
     move_evals0, move_t0 = run.evaluations, time.perf_counter()
     seg_prev, restarts, accepted = 0, 0, 0
@@ -202,7 +208,7 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
 
         cands = neighbours(cur, allowed, rng, min(cfg.batch, left or cfg.batch), run.seen, block_prob=cfg.block_prob,
                            block_max=cfg.block_max, movable=movable, links=links, merge_prob=cfg.merge_prob,
-                           attract_prob=cfg.attract_prob)
+                           attract_prob=cfg.attract_prob, clusters=clusters, cluster_prob=cfg.cluster_prob)
         if not cands:
             stop = "no_moves"
             break

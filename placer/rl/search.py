@@ -42,9 +42,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placer.errors import SearchError, fmt_bytes
-from placer.grouped import (accept0_error, accept_move, auto_merge_prob, charged_step_times, failure_reference,
-                            first_copies, group_key, grouped_baselines, initial_temperature, move_shares_error,
-                            neighbours)
+from placer.grouped import (accept0_error, accept_move, auto_merge_prob, charged_step_times, cluster_levels,
+                            failure_reference, first_copies, group_key, grouped_baselines, initial_temperature,
+                            move_shares_error, neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ class Search:
                 raise SearchError(msg)
         if (msg := move_shares_error(self.config.local_merge_prob, self.config.local_attract_prob,
                                      "ReinforceConfig.local_", self.config.local_policy_prob,
-                                     "policy_prob")) is not None:
+                                     "policy_prob", self.config.local_cluster_prob)) is not None:
             raise SearchError(msg)
         if not isinstance(self.config.local_restarts, int) or self.config.local_restarts < 0:
             raise SearchError(f"ReinforceConfig.local_restarts must be a whole number >= 0, "
@@ -253,6 +253,7 @@ class Search:
         self._chain_seg = 0               # the part of the chain's schedule it is in (`local_restarts`)
         self._policy_freq: np.ndarray | None = None   # float[G, D]: where the policy's recent samples put each
         #                                               group (`local_policy_prob`; `_note_policy_samples`)
+        self._cluster_levels: list[np.ndarray] | None = None   # the cluster moves' levels (`_clusters`)
         self._local_seen: set[bytes] = set()   # group placements the chain evaluated (not checkpointed)
         self._cands: list = []         # the chain's last batch of neighbours (_chain_batch) and their charged
         self._cands_charged = np.empty(0)   # step times, for _chain_accept
@@ -891,6 +892,16 @@ class Search:
             self.share_now, self.share_mark = share, (self.wall_s(), self.local_seconds)
         return share
 
+    def _clusters(self) -> list[np.ndarray]:
+        """The cluster moves' levels (`placer.grouped.cluster_levels` of the grouping), computed once, when
+        `local_cluster_prob` asks for them."""
+        if self.config.local_cluster_prob <= 0:
+            return []
+        if self._cluster_levels is None:
+            self._cluster_levels = cluster_levels(np.asarray(self.grouping.adjacency, float),
+                                                  np.asarray(self.grouping.group_cost, float))
+        return self._cluster_levels
+
     def _chain_batch(self, k: int):
         """One batch of the chain: up to `k` neighbours of its point not evaluated before (the annealer's moves,
         `ReinforceConfig.local_block`), evaluated in one call (through the cache); a working one faster than the
@@ -903,7 +914,8 @@ class Search:
         links = getattr(self.grouping, "adjacency", None) if cfg.local_block == "linked" else None
         cands = neighbours(self._chain, self.allowed, self._local_rng, k, self._local_seen, links=links,
                            merge_prob=cfg.local_merge_prob, attract_prob=cfg.local_attract_prob,
-                           prefer=self._policy_freq, prefer_prob=cfg.local_policy_prob)
+                           prefer=self._policy_freq, prefer_prob=cfg.local_policy_prob,
+                           clusters=self._clusters(), cluster_prob=cfg.local_cluster_prob)
         if not cands:
             return None
         self._local_seen.update(group_key(g) for g in cands)
