@@ -347,15 +347,8 @@ def test_preferred_moves_go_where_the_preference_disagrees_with_the_point():
     assert move_shares_error(0.1, 0.5, "", 0.4) is None
 
 
-def test_anneal_with_merges_and_attractions_keeps_allowed_devices_and_counts():
-    """The annealer with the new move kinds: allowed devices kept, the budget in evaluations kept, the optimum of
-    the toy reached; move shares outside [0, 1] or summing over 1 are refused, naming the setting, before any
-    evaluation (the annealer's and the search's settings)."""
-    from placer.errors import PlacementError, SearchError
-    from placer.rl.reinforce import ReinforceConfig
-    from placer.rl.search import Search
-
-    G = 8
+def _linked_toy(G: int):
+    """A toy problem of G groups with a known optimum, one disallowed device, and three links."""
     gr = _grouping(G)
     allowed = np.ones((G, 4), bool)
     allowed[:, CPU] = False
@@ -365,6 +358,19 @@ def test_anneal_with_merges_and_attractions_keeps_allowed_devices_and_counts():
     prob = _problem(gr, allowed, ev, {"single_gpu": gr.expand(np.zeros(G, int), CPU)})
     gr.adjacency[:] = 0.0
     gr.adjacency[0, 1] = gr.adjacency[3, 4] = gr.adjacency[4, 5] = 1.0
+    return gr, allowed, ev, prob
+
+
+def test_anneal_with_merges_and_attractions_keeps_allowed_devices_and_counts():
+    """The annealer with the new move kinds: allowed devices kept, the budget in evaluations kept, the optimum of
+    the toy reached; move shares outside [0, 1] or summing over 1 are refused, naming the setting, before any
+    evaluation (the annealer's and the search's settings)."""
+    from placer.errors import PlacementError, SearchError
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+
+    G = 8
+    gr, allowed, ev, prob = _linked_toy(G)
     r = anneal(prob, max_evaluations=400, seed=0, config=AnnealConfig(merge_prob=0.1, attract_prob=0.3))
     assert r.evaluations <= 400 and r.step_time == pytest.approx(1.0)
     for p in ev.seen:
@@ -462,15 +468,7 @@ def test_anneal_and_search_with_cluster_moves_keep_allowed_devices_and_refuse_ba
     from placer.rl.search import Search
 
     G = 8
-    gr = _grouping(G)
-    allowed = np.ones((G, 4), bool)
-    allowed[:, CPU] = False
-    allowed[2, 1] = False
-    target = np.array([1, 1, 0, 2, 2, 2, 0, 1])
-    ev = ToyEvaluator(gr.expand(target, CPU))
-    prob = _problem(gr, allowed, ev, {"single_gpu": gr.expand(np.zeros(G, int), CPU)})
-    gr.adjacency[:] = 0.0
-    gr.adjacency[0, 1] = gr.adjacency[3, 4] = gr.adjacency[4, 5] = 1.0
+    gr, allowed, ev, prob = _linked_toy(G)
     r = anneal(prob, max_evaluations=400, seed=0, config=AnnealConfig(cluster_prob=0.3))
     assert r.evaluations <= 400 and r.step_time == pytest.approx(1.0)
     assert all(allowed[np.arange(G), p[::2]].all() for p in ev.seen)
