@@ -143,6 +143,16 @@ def brief(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if k not in ("baselines", "zero_shot")}
 
 
+def latest(recs: list[dict]) -> dict[str, dict[int, dict]]:
+    """graph -> seed -> its record (a record without `seed` is seed 0); a seed recorded twice: the later record's
+    figures over the earlier's (a run with `--scratch ''` keeps the earlier searches from scratch)."""
+    by: dict[str, dict[int, dict]] = {}
+    for r in recs:
+        seeds = by.setdefault(r["graph"], {})
+        seeds[int(r.get("seed", 0))] = {**seeds.get(int(r.get("seed", 0)), {}), **r}
+    return by
+
+
 def seeds_table(recs: list[dict], finetune: str = "finetune60_s", scratch: str = "scratch300_s") -> str:
     """Per graph, over the seeds recorded (a record without `seed` is seed 0: results/transfer.json): the
     zero-shot answer (its slowest wall; against the best baseline), the fine-tune and the longest search from
@@ -150,9 +160,7 @@ def seeds_table(recs: list[dict], finetune: str = "finetune60_s", scratch: str =
     from scratch of the same seed (+: slower)."""
     import numpy as np
 
-    by: dict[str, dict[int, dict]] = {}
-    for r in recs:
-        by.setdefault(r["graph"], {})[int(r.get("seed", 0))] = r      # a seed run twice: its latest record
+    by = latest(recs)
     rows = [f"| graph | seeds | zero-shot (s) | zero-shot wall, max (s) | zero-shot vs best baseline | "
             f"{finetune[:-2]} (s) | {scratch[:-2]} (s) | zero-shot vs {scratch[:-2]} | {finetune[:-2]} vs "
             f"{scratch[:-2]} |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -179,17 +187,17 @@ def seeds_table(recs: list[dict], finetune: str = "finetune60_s", scratch: str =
 
 def anneal_table(recs: list[dict], anneal: list[dict], finetune: str = "finetune60") -> str:
     """Per graph, the fine-tune against annealing at the fine-tune's own evaluation count (`anneal` lines of
-    --anneal-at-finetune, matched to `recs` by graph and seed; seeds with both only): means, each seed's, and
-    the gap (+: the fine-tune slower)."""
+    --anneal-at-finetune, matched to `recs` by graph, seed and that count; a seed's latest fine-tune with an
+    annealing run for it): means, each seed's, and the gap (+: the fine-tune slower)."""
     import numpy as np
 
-    ann = {(a["graph"], int(a["seed"])): a for a in anneal}      # a seed run twice: its latest line
+    ann = {(a["graph"], int(a["seed"]), int(a["evaluations"])): a for a in anneal}   # run twice: the latest line
     by: dict[str, dict[int, tuple]] = {}
-    for r in recs:
-        a = ann.get((r["graph"], int(r.get("seed", 0))))
-        if a is not None and r.get(f"{finetune}_s") is not None and a.get("anneal_s") is not None:
-            by.setdefault(r["graph"], {})[int(r.get("seed", 0))] = (r[f"{finetune}_s"], a["anneal_s"],
-                                                                    int(a["evaluations"]))
+    for graph, seeds in latest(recs).items():
+        for seed, r in seeds.items():
+            a = ann.get((graph, seed, int(r.get(f"{finetune}_evaluations") or 0)))
+            if a is not None and r.get(f"{finetune}_s") is not None and a.get("anneal_s") is not None:
+                by.setdefault(graph, {})[seed] = (r[f"{finetune}_s"], a["anneal_s"], int(a["evaluations"]))
     rows = [f"| graph | seeds | {finetune} evaluations | {finetune} (s) | anneal at them (s) | {finetune} vs anneal |",
             "|---|---|---|---:|---:|---:|"]
     for graph, seeds in by.items():

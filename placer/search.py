@@ -59,6 +59,14 @@ PLACE_SAMPLE_SECONDS = 0.0
 PLACE_REFINE_SECONDS = 7.5
 PLACE_REFINE_MOVES = 4500
 PLACE_CLUSTER_PROB = 0.3
+# A search started from a pretrained policy (`search(..., policy=P)` with its default config: `placer search
+# --policy`, transfer.py's fine-tunes) makes this share of its chain's moves cluster moves: it starts, like the
+# refinement, where the policy's samples scattered a graph's branches. At 30,000 evaluations (about a 60 s
+# fine-tune; `finetune_start.py --graph G --fits auto --evals 30000 --seeds 0,1 --config '{"local_cluster_prob":
+# 0.3}'`, 2026-12-07 10:38 UTC; simulated), seeds 0-1: clip 0.1969 / 0.2038 s against 0.2082 / 0.2045 without,
+# gpt 0.2862 / 0.2869 against 0.2916 / 0.2939, inception_v3@4xK80 0.3738 / 0.3761 against 0.3754 / 0.3721
+# (RESULTS.md "Cluster moves").
+FINETUNE_CLUSTER_PROB = 0.3
 DROP_AFTER = 2       # measurements that find a device dead before a measured search drops it and re-places
 
 
@@ -266,8 +274,10 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     t0 = time.perf_counter()
     cluster = problem.cluster
     out = Path(out_dir) if out_dir is not None else None
-    config = config or ReinforceConfig.for_reward(reward, seed=seed)
     weights = load_policy(policy) if policy is not None else None
+    if config is None:      # a fine-tune's chain also makes cluster moves, as `placer place`'s refinement does
+        config = ReinforceConfig.for_reward(reward, seed=seed,
+                                            **({"local_cluster_prob": FINETUNE_CLUSTER_PROB} if weights else {}))
     if weights is not None:
         config = dc_replace(config, portable=True, hidden_size=weights.hidden_size, attn_size=weights.attn_size)
     s = Search(problem.grouping, evaluator, cpu_index=cluster.cpu_index, allowed=problem.allowed,

@@ -380,6 +380,25 @@ def test_search_from_a_policy_fine_tunes_and_resumes(tmp_path, nmt_tiny):
         p.close()
 
 
+def test_a_fine_tune_with_the_default_config_makes_cluster_moves_and_a_search_from_scratch_does_not(nmt_tiny):
+    """search(policy=P) without a config: the sim defaults plus FINETUNE_CLUSTER_PROB of cluster moves in its
+    chain; the same search without a policy keeps the defaults' share (none)."""
+    from placer.problem import build_problem
+    from placer.rl.portable import PortableWeights
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.search import FINETUNE_CLUSTER_PROB, search
+
+    p = build_problem(nmt_tiny, "3xK80", seed=0)
+    try:
+        r = search(p, budget_seconds=600, max_updates=1, max_evaluations=300, policy=PortableWeights(32, 16, seed=0))
+        assert r.extra["config"]["local_cluster_prob"] == FINETUNE_CLUSTER_PROB > 0
+        assert r.extra["config"]["local_moves"] == ReinforceConfig.for_reward("sim").local_moves > 0
+        r = search(p, budget_seconds=600, max_updates=1, max_evaluations=300)
+        assert r.extra["config"]["local_cluster_prob"] == 0.0
+    finally:
+        p.close()
+
+
 def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines(nmt_tiny):
     """A fine-tune starts where a search from scratch starts when that is better than its zero-shot best: the best
     grouped baseline becomes the elite and the restart point."""

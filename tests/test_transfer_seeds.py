@@ -11,6 +11,10 @@ def test_seeds_table_gaps_are_per_seed_and_a_record_without_seed_is_seed_0(bench
              "best_baseline_s": 0.3, "zero_shot_wall_s": 9.0},
             {"graph": "clip@DGX1:fp16", "seed": 2, "zero_shot_s": None, "finetune60_s": 0.2, "scratch300_s": 0.2}]
     rows = mod.seeds_table(recs).splitlines()
+    merged = mod.seeds_table(recs + [{"graph": "clip@DGX1:fp16", "seed": 2, "zero_shot_s": 0.22, "finetune60_s": 0.2,
+                                      "zero_shot_wall_s": 5.0, "best_baseline_s": 0.25}]).splitlines()
+    assert merged[3] == ("| clip@DGX1:fp16 | 2 | 0.2200 (0.2200) | 5.0 | -12.0% (-12.0%) | 0.2000 (0.2000) | "
+                         "0.2000 (0.2000) | +10.0% (+10.0%) | +0.0% (+0.0%) |")   # the earlier search kept
     assert rows[0].startswith("| graph | seeds | zero-shot (s) | zero-shot wall, max (s) | zero-shot vs best baseline "
                               "| finetune60 (s) | scratch300 (s) |")
     assert rows[2] == ("| gpt@DGX1:fp16 | 0,1 | 0.3150 (0.3000 / 0.3300) | 9.0 | -20.0% (-50.0% / +10.0%) | "
@@ -33,12 +37,18 @@ def test_seeds_table_reads_transfer_json_and_the_appended_lines(benchmark_script
     assert "| g@2xK80 | 0,1 | 0.1500 (0.2000 / 0.1000) | n/a | n/a |" in out and "+50.0% (+100.0% / +0.0%) |" in out
 
 
-def test_anneal_table_pairs_each_fine_tune_with_annealing_of_its_seed(benchmark_script):
+def test_anneal_table_pairs_each_seeds_latest_fine_tune_with_annealing_at_its_evaluations(benchmark_script):
     mod = benchmark_script("transfer")
-    recs = [{"graph": "g@2xK80", "finetune60_s": 0.19}, {"graph": "g@2xK80", "seed": 1, "finetune60_s": 0.22},
-            {"graph": "g@2xK80", "seed": 2, "finetune60_s": 0.1}]                # seed 2: no annealing run
+    recs = [{"graph": "g@2xK80", "finetune60_s": 0.19, "finetune60_evaluations": 30000},
+            {"graph": "g@2xK80", "seed": 1, "finetune60_s": 0.5, "finetune60_evaluations": 9},
+            {"graph": "g@2xK80", "seed": 1, "finetune60_s": 0.22, "finetune60_evaluations": 31000},   # the latest
+            {"graph": "g@2xK80", "seed": 2, "finetune60_s": 0.1, "finetune60_evaluations": 5},  # no annealing run
+            {"graph": "g@2xK80", "seed": 3, "finetune60_s": 0.1, "finetune60_evaluations": 7},
+            {"graph": "g@2xK80", "seed": 3, "finetune60_s": 0.1, "finetune60_evaluations": 8}]  # latest: no run
     ann = [{"graph": "g@2xK80", "seed": 0, "evaluations": 30000, "anneal_s": 0.2},
+           {"graph": "g@2xK80", "seed": 1, "evaluations": 9, "anneal_s": 0.1},
            {"graph": "g@2xK80", "seed": 1, "evaluations": 31000, "anneal_s": 0.2},
+           {"graph": "g@2xK80", "seed": 3, "evaluations": 7, "anneal_s": 0.2},
            {"graph": "h@2xK80", "seed": 0, "evaluations": 10, "anneal_s": 0.2}]   # no fine-tune of h
     rows = mod.anneal_table(recs, ann).splitlines()
     assert len(rows) == 3
