@@ -134,6 +134,26 @@ def compare_splits(specs: list[str], policy: str, splits: list[tuple], seeds: in
                   f"{np.mean([r['zero_shot_wall_s'] for r in recs]):.1f} s", flush=True)
 
 
+def anneal_settings(ap, text: str) -> dict:
+    """--anneal-config's AnnealConfig fields (an argparse error naming the flag when it is no JSON object of
+    AnnealConfig's fields)."""
+    from dataclasses import fields
+
+    from placer.baselines.anneal import AnnealConfig
+
+    if not text:
+        return {}
+    try:
+        over = json.loads(text)
+    except ValueError as e:
+        ap.error(f"--anneal-config is not JSON: {e}")
+    known = {f.name for f in fields(AnnealConfig)}
+    if not isinstance(over, dict) or set(over) - known:
+        ap.error(f"--anneal-config wants a JSON object of AnnealConfig fields ({', '.join(sorted(known))}), "
+                 f"got {text!r}")
+    return over
+
+
 def json_lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
@@ -212,18 +232,20 @@ def anneal_table(recs: list[dict], anneal: list[dict], finetune: str = "finetune
 
 
 def anneal_at_finetune(recs: list[dict], specs: list[str], out: Path, command: str,
-                       finetune: str = "finetune60") -> None:
-    """For each record of a graph in `specs`: the annealer (`placer.baselines.anneal`, default settings) on the
+                       finetune: str = "finetune60", settings: dict | None = None) -> None:
+    """For each record of a graph in `specs`: the annealer (`placer.baselines.anneal`; its defaults, or
+    `settings`: AnnealConfig fields) on the
     record's problem (same graph, cluster and seed, so the same baselines and groups), given the fine-tune's own
     evaluation count as its budget, counted the same way (baselines and grouped baselines included). One JSON
     line per record appended to `out`, after each run."""
     import numpy as np
 
-    from placer.baselines.anneal import anneal
+    from placer.baselines.anneal import AnnealConfig, anneal
     from placer.graphs.models import build_model
     from placer.problem import build_problem
 
     date, mach, commit = now(), machine(), placer_commit()
+    cfg = AnnealConfig(**(settings or {}))
     graphs: dict[str, object] = {}
     for r in recs:
         n = r.get(f"{finetune}_evaluations")
@@ -234,12 +256,13 @@ def anneal_at_finetune(recs: list[dict], specs: list[str], out: Path, command: s
         seed = int(r.get("seed", 0))
         problem = build_problem(g, cluster, seed=seed)
         try:
-            res = anneal(problem, max_evaluations=int(n), seed=seed)
+            res = anneal(problem, max_evaluations=int(n), seed=seed, config=cfg)
         finally:
             problem.close()
         line = {"graph": r["graph"], "seed": seed, "evaluations": int(n), "anneal_evaluations": res.evaluations,
                 "anneal_s": float(res.step_time) if np.isfinite(res.step_time) else None, "anneal_wall_s": res.wall_s,
-                "anneal_start": res.start, f"{finetune}_s": r.get(f"{finetune}_s"), "date": date, "commit": commit,
+                "anneal_start": res.start, **({"anneal_settings": settings} if settings else {}),
+                f"{finetune}_s": r.get(f"{finetune}_s"), "date": date, "commit": commit,
                 "machine": mach, "command": command, "simulated": True}
         with open(out, "a") as f:
             f.write(json.dumps(line) + "\n")
@@ -413,6 +436,9 @@ def main(argv=None) -> int:
                     help="for each fine-tune of results/transfer.json and FILE's lines (of --graphs' graphs), run "
                          "annealing with the fine-tune's evaluation count as its budget; append a line each to "
                          "results/transfer_anneal.jsonl (which --seeds-table then compares), and exit")
+    ap.add_argument("--anneal-config", default="", metavar="JSON",
+                    help="with --anneal-at-finetune: AnnealConfig fields for the annealer, e.g. "
+                         "'{\"cluster_prob\": 0.3}'")
     ap.add_argument("--zero-shot-only", action="store_true",
                     help="only the zero-shot answers (step time and wall), printed; writes nothing")
     ap.add_argument("--splits", default="", metavar="S:R[:M],...",
@@ -433,7 +459,7 @@ def main(argv=None) -> int:
         if a.anneal_at_finetune:
             command = "python benchmarks/transfer.py " + " ".join(argv if argv is not None else sys.argv[1:])
             anneal_at_finetune(recs, [s for s in a.graphs.split(",") if s], RESULTS / "transfer_anneal.jsonl",
-                               command.strip())
+                               command.strip(), settings=anneal_settings(ap, a.anneal_config))
             return 0
         print(seeds_table(recs))
         if (RESULTS / "transfer_anneal.jsonl").is_file():

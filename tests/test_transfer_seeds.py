@@ -2,6 +2,8 @@
 from scratch."""
 import json
 
+import pytest
+
 
 def test_seeds_table_gaps_are_per_seed_and_a_record_without_seed_is_seed_0(benchmark_script):
     mod = benchmark_script("transfer")
@@ -56,16 +58,22 @@ def test_anneal_table_pairs_each_seeds_latest_fine_tune_with_annealing_at_its_ev
                        "+2.5% (-5.0% / +10.0%) |")
 
 
-def test_anneal_at_finetune_gives_the_annealer_the_fine_tunes_evaluations(benchmark_script, tmp_path, monkeypatch):
+def test_anneal_at_finetune_gives_the_annealer_the_fine_tunes_evaluations(benchmark_script, tmp_path, monkeypatch,
+                                                                          capsys):
     mod = benchmark_script("transfer")
     (tmp_path / "transfer.json").write_text(json.dumps([{"graph": "nmt/tiny@2xK80", "finetune60_s": 0.001,
                                                          "finetune60_evaluations": 60}]))
     extra = tmp_path / "more.jsonl"
     extra.write_text(json.dumps({"graph": "rnnlm/tiny@2xK80", "seed": 1, "finetune60_evaluations": 60}) + "\n")
     monkeypatch.setattr(mod, "RESULTS", tmp_path)
-    assert mod.main(["--anneal-at-finetune", str(extra), "--graphs", "nmt/tiny@2xK80"]) == 0
+    assert mod.main(["--anneal-at-finetune", str(extra), "--graphs", "nmt/tiny@2xK80", "--anneal-config",
+                     '{"cluster_prob": 0.2}']) == 0
     lines = [json.loads(x) for x in (tmp_path / "transfer_anneal.jsonl").read_text().splitlines()]
     assert len(lines) == 1                     # rnnlm is not among --graphs
     (ln,) = lines
     assert (ln["graph"], ln["seed"], ln["evaluations"]) == ("nmt/tiny@2xK80", 0, 60)
     assert 0 < ln["anneal_evaluations"] <= 60 and ln["anneal_s"] > 0 and ln["simulated"] is True
+    assert ln["anneal_settings"] == {"cluster_prob": 0.2}
+    with pytest.raises(SystemExit):
+        mod.main(["--anneal-at-finetune", str(extra), "--anneal-config", '{"heat": 1}'])
+    assert "--anneal-config wants" in capsys.readouterr().err
