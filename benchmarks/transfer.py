@@ -233,11 +233,10 @@ def anneal_table(recs: list[dict], anneal: list[dict], finetune: str = "finetune
 
 def anneal_at_finetune(recs: list[dict], specs: list[str], out: Path, command: str,
                        finetune: str = "finetune60", settings: dict | None = None) -> None:
-    """For each record of a graph in `specs`: the annealer (`placer.baselines.anneal`; its defaults, or
-    `settings`: AnnealConfig fields) on the
-    record's problem (same graph, cluster and seed, so the same baselines and groups), given the fine-tune's own
-    evaluation count as its budget, counted the same way (baselines and grouped baselines included). One JSON
-    line per record appended to `out`, after each run."""
+    """For each seed's latest record (`latest`) of a graph in `specs`: the annealer (`placer.baselines.anneal`;
+    its defaults, or `settings`: AnnealConfig fields) on the record's problem (same graph, cluster and seed, so
+    the same baselines and groups), given the fine-tune's own evaluation count as its budget, counted the same
+    way (baselines and grouped baselines included). One JSON line per record appended to `out`, after each run."""
     import numpy as np
 
     from placer.baselines.anneal import AnnealConfig, anneal
@@ -247,7 +246,7 @@ def anneal_at_finetune(recs: list[dict], specs: list[str], out: Path, command: s
     date, mach, commit = now(), machine(), placer_commit()
     cfg = AnnealConfig(**(settings or {}))
     graphs: dict[str, object] = {}
-    for r in recs:
+    for r in (r for seeds in latest(recs).values() for r in seeds.values()):   # each seed's latest fine-tune
         n = r.get(f"{finetune}_evaluations")
         if r["graph"] not in specs or not n:
             continue

@@ -1102,7 +1102,8 @@ class Search:
         ax.set_xlabel("wall time (s)")
         ax.set_ylabel("step time (s)")
         ax.set_title("placement search")
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:       # nothing drawn (no history, no baseline): no empty legend
+            ax.legend(fontsize=8)
         finite = [r["min_s"] for r in h if np.isfinite(r["min_s"])] + list(ok.values())
         if finite:
             lo, hi = min(finite), np.nanpercentile([r["mean_s"] for r in h if np.isfinite(r["mean_s"])] or finite, 95)
