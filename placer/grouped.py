@@ -1,8 +1,9 @@
 """Grouped baselines: the group-level versions of op-level placements, and how failed evaluations are charged.
 Shared by the policy's warm start (`placer.rl.search`) and the annealer (`placer.baselines.anneal`), which both
 start from the best grouped baseline and count its evaluations the same way, and the local moves both make
-(`neighbours`). Pure numpy, so that rl/ and
-baselines/ may both import it (rl/ imports nothing from baselines/ or sim/; baselines/ nothing from rl/).
+(`neighbours`, and the parts its cluster moves send, `cluster_levels`). Numpy (and pymetis, for `cluster_levels`),
+so that rl/ and baselines/ may both import it (rl/ imports nothing from baselines/ or sim/; baselines/ nothing from
+rl/).
 
     >>> import numpy as np
     >>> op_group = np.array([0, 0, 0, 1, 1])

@@ -244,8 +244,9 @@ def test_resume_after_sigkill(tmp_path):
 
 
 def test_checkpoint_is_data_and_bad_ones_get_one_line(tmp_path):
-    """The checkpoint is JSON + an npz without object arrays; an old pickled one, a corrupt one and one whose
-    arrays file is missing are each refused with a SearchError naming the file."""
+    """The checkpoint is JSON + an npz without object arrays; an old pickled one, a corrupt one, one whose
+    arrays file is missing and one with settings of a newer placer are each refused with a SearchError naming
+    the file."""
     gr, ev = _setup()
     kw = dict(cpu_index=CPU, progress=False, config=ReinforceConfig(seed=1, **SMALL))
     run_loop(gr, ev, budget_seconds=60, max_updates=2, out_dir=tmp_path, **kw)
@@ -259,6 +260,9 @@ def test_checkpoint_is_data_and_bad_ones_get_one_line(tmp_path):
         Search(gr, ev, out_dir=tmp_path, **kw).load_checkpoint()
     (ck / "state.json").write_text(json.dumps({**state, "arrays": "gone.npz"}))
     with pytest.raises(SearchError, match=r"cannot read checkpoint .*state.json"):
+        Search(gr, ev, out_dir=tmp_path, **kw).load_checkpoint()
+    (ck / "state.json").write_text(json.dumps({**state, "config": {**state["config"], "future_knob": 1}}))
+    with pytest.raises(SearchError, match=r"settings this placer does not know \(future_knob\).*newer version"):
         Search(gr, ev, out_dir=tmp_path, **kw).load_checkpoint()
     (ck / "state.json").unlink()
     (ck / "state.pkl").write_bytes(b"\x80\x04K\x01.")

@@ -400,8 +400,14 @@ class Search:
                 raise SearchError(f"checkpoint {path}: array {key!r} is missing from {state['arrays']}")
             return arrays[key]
 
+        from dataclasses import fields
+
         from placer.rl.reinforce import ReinforceConfig
 
+        unknown = sorted(set(state["config"]) - {f.name for f in fields(ReinforceConfig)})
+        if unknown:      # written by a newer placer: its settings cannot be honoured here
+            raise SearchError(f"checkpoint {path} has settings this placer does not know ({', '.join(unknown)}): "
+                              f"it was written by a newer version; resume it with that version")
         self.config = ReinforceConfig(**state["config"])
         self.allowed = np.asarray(arr(state["allowed"]), bool)
         self._agent = None
