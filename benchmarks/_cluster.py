@@ -73,25 +73,26 @@ def write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def reinforce_overrides(ap, flag: str, text: str) -> dict:
-    """A flag's JSON object of `ReinforceConfig` fields (transfer.py --zero-shot-config, finetune_start.py
-    --config): {} when empty; otherwise not JSON, not an object or an unknown field is one `ap.error` line naming
-    the flag."""
+def config_overrides(ap, flag: str, text: str, config=None) -> dict:
+    """A flag's JSON object of `config`'s fields (a dataclass, default `ReinforceConfig`: transfer.py
+    --zero-shot-config, finetune_start.py --config; `AnnealConfig`: transfer.py --anneal-config): {} when empty;
+    otherwise not JSON, not an object or an unknown field is one `ap.error` line naming the flag."""
     if not text:
         return {}
     from dataclasses import fields
 
-    from placer.rl.reinforce import ReinforceConfig
+    if config is None:
+        from placer.rl.reinforce import ReinforceConfig as config
 
     try:
         overrides = json.loads(text)
     except json.JSONDecodeError as e:
         ap.error(f"{flag} is not JSON: {e}")
     if not isinstance(overrides, dict):
-        ap.error(f"{flag} wants a JSON object of ReinforceConfig fields")
-    unknown = sorted(set(overrides) - {f.name for f in fields(ReinforceConfig)})
+        ap.error(f"{flag} wants a JSON object of {config.__name__} fields")
+    unknown = sorted(set(overrides) - {f.name for f in fields(config)})
     if unknown:
-        ap.error(f"{flag}: unknown ReinforceConfig fields: {', '.join(unknown)}")
+        ap.error(f"{flag}: unknown {config.__name__} fields: {', '.join(unknown)}")
     return overrides
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cluster import RESULTS, machine, now, placer_commit, reinforce_overrides  # noqa: E402
+from _cluster import RESULTS, config_overrides, machine, now, placer_commit  # noqa: E402
 
 OUT = RESULTS / "finetune_start.jsonl"
 
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     bad = [m for m in methods if m not in ("never", "always", "auto", "scratch")]
     if bad:
         ap.error(f"unknown fit {bad[0]!r} (never, always, auto)")
-    overrides = reinforce_overrides(ap, "--config", a.config)
+    overrides = config_overrides(ap, "--config", a.config)
     run(a.graph, methods, a.evals, [int(s) for s in a.seeds.split(",")], a.policy, overrides, a.split_groups)
     print(table())
     return 0

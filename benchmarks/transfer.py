@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cluster import RESULTS, machine, now, placer_commit, reinforce_overrides, write_json, write_section  # noqa: E402
+from _cluster import RESULTS, config_overrides, machine, now, placer_commit, write_json, write_section  # noqa: E402
 
 GRAPHS = ("inception_v3@4xK80", "gpt@DGX1:fp16", "clip@DGX1:fp16")
 
@@ -132,26 +132,6 @@ def compare_splits(specs: list[str], policy: str, splits: list[tuple], seeds: in
                   f"{np.mean([r['zero_shot'].get('samples', 0) for r in recs]):.0f} samples, "
                   f"{np.mean([r['zero_shot'].get('refine_evaluations', 0) for r in recs]):.0f} local moves, wall "
                   f"{np.mean([r['zero_shot_wall_s'] for r in recs]):.1f} s", flush=True)
-
-
-def anneal_settings(ap, text: str) -> dict:
-    """--anneal-config's AnnealConfig fields (an argparse error naming the flag when it is no JSON object of
-    AnnealConfig's fields)."""
-    from dataclasses import fields
-
-    from placer.baselines.anneal import AnnealConfig
-
-    if not text:
-        return {}
-    try:
-        over = json.loads(text)
-    except ValueError as e:
-        ap.error(f"--anneal-config is not JSON: {e}")
-    known = {f.name for f in fields(AnnealConfig)}
-    if not isinstance(over, dict) or set(over) - known:
-        ap.error(f"--anneal-config wants a JSON object of AnnealConfig fields ({', '.join(sorted(known))}), "
-                 f"got {text!r}")
-    return over
 
 
 def json_lines(path: Path) -> list[dict]:
@@ -457,14 +437,17 @@ def main(argv=None) -> int:
         recs = [*json.loads((RESULTS / "transfer.json").read_text()), *json_lines(path)]
         if a.anneal_at_finetune:
             command = "python benchmarks/transfer.py " + " ".join(argv if argv is not None else sys.argv[1:])
+            from placer.baselines.anneal import AnnealConfig
+
             anneal_at_finetune(recs, [s for s in a.graphs.split(",") if s], RESULTS / "transfer_anneal.jsonl",
-                               command.strip(), settings=anneal_settings(ap, a.anneal_config))
+                               command.strip(),
+                               settings=config_overrides(ap, "--anneal-config", a.anneal_config, AnnealConfig))
             return 0
         print(seeds_table(recs))
         if (RESULTS / "transfer_anneal.jsonl").is_file():
             print("\n" + anneal_table(recs, json_lines(RESULTS / "transfer_anneal.jsonl")))
         return 0
-    overrides = reinforce_overrides(ap, "--zero-shot-config", a.zero_shot_config)
+    overrides = config_overrides(ap, "--zero-shot-config", a.zero_shot_config)
     if a.zero_shot_config and not a.splits:
         ap.error("--zero-shot-config goes with --splits")
     specs = [s for s in a.graphs.split(",") if s]

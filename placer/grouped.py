@@ -184,9 +184,7 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
                 if lo <= u < lo + cluster_prob:
                     labels = clusters[int(rng.integers(len(clusters)))]
                     g = int(rng.choice(movable))
-                    run = movable[labels[movable] == labels[g]]
-                    d = int(rng.choice(np.flatnonzero(allowed[run].any(axis=0))))
-                    new[run] = np.where(allowed[run, d], d, new[run])
+                    _to_one_device(new, movable[labels[movable] == labels[g]], allowed, rng)
                     continue
                 if rng.random() < block_prob and G >= 2:
                     length = int(rng.integers(2, min(block_max, G) + 1))
@@ -195,8 +193,7 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
                         run = np.arange(i, i + length)
                     else:
                         run = linked_block(links, int(rng.choice(movable)), length)
-                    d = int(rng.choice(np.flatnonzero(allowed[run].any(axis=0))))
-                    new[run] = np.where(allowed[run, d], d, new[run])
+                    _to_one_device(new, run, allowed, rng)
                 else:
                     g = int(rng.choice(movable))
                     choices = np.flatnonzero(allowed[g])
@@ -210,6 +207,13 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
         if out:
             break
     return out
+
+
+def _to_one_device(new: np.ndarray, run: np.ndarray, allowed: np.ndarray, rng: np.random.Generator) -> None:
+    """A block or cluster move, in place: the groups `run` to one device drawn among those any of them may use,
+    each group that may use it."""
+    d = int(rng.choice(np.flatnonzero(allowed[run].any(axis=0))))
+    new[run] = np.where(allowed[run, d], d, new[run])
 
 
 def cluster_levels(links: np.ndarray, weights: np.ndarray, min_size: int = 4, seed: int = 0) -> list[np.ndarray]:

@@ -76,4 +76,4 @@ def test_anneal_at_finetune_gives_the_annealer_the_fine_tunes_evaluations(benchm
     assert ln["anneal_settings"] == {"cluster_prob": 0.2}
     with pytest.raises(SystemExit):
         mod.main(["--anneal-at-finetune", str(extra), "--anneal-config", '{"heat": 1}'])
-    assert "--anneal-config wants" in capsys.readouterr().err
+    assert "--anneal-config: unknown AnnealConfig fields: heat" in capsys.readouterr().err

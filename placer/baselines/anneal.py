@@ -178,8 +178,7 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
     # ---- the schedule
     movable = np.flatnonzero(allowed.sum(axis=1) > 1)
     links = np.asarray(grouping.adjacency, float) if cfg.block == "linked" else None
-    clusters = cluster_levels(np.asarray(grouping.adjacency, float), np.asarray(grouping.group_cost, float)) \
-        if cfg.cluster_prob > 0 else []
+    clusters = cluster_levels(grouping.adjacency, grouping.group_cost) if cfg.cluster_prob > 0 else []
     t0 = t_fin = float("nan")
     move_evals0, move_t0 = run.evaluations, time.perf_counter()
     seg_prev, restarts, accepted = 0, 0, 0

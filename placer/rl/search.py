@@ -904,8 +904,7 @@ class Search:
         if self.config.local_cluster_prob <= 0:
             return []
         if self._cluster_levels is None:
-            self._cluster_levels = cluster_levels(np.asarray(self.grouping.adjacency, float),
-                                                  np.asarray(self.grouping.group_cost, float))
+            self._cluster_levels = cluster_levels(self.grouping.adjacency, self.grouping.group_cost)
         return self._cluster_levels
 
     def _chain_batch(self, k: int):
