@@ -143,19 +143,21 @@ def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds
 def tune_table(date: str, evals: int) -> None:
     from placer.baselines.anneal import AnnealConfig
 
-    from placer.grouped import auto_merge_prob
+    from placer.grouped import auto_cluster_prob, auto_merge_prob
     from placer.sim.cluster import parse_cluster
 
     default = AnnealConfig().to_dict()
     recs = [json.loads(x) for x in (RESULTS / "bench_anneal_tune.jsonl").read_text().splitlines() if x.strip()]
     recs = [r for r in recs if r.get("date", "").startswith(date) and r["evaluations"] == evals]
-    # today's default per cluster: merges' share follows its accelerators (records hold the share they used)
-    refs = {name: {**default, "merge_prob": auto_merge_prob(default["merge_prob"], c.num_devices, c.cpu_index)}
+    # today's default per cluster: merges' and cluster moves' shares follow its accelerators (records hold the
+    # shares they used)
+    refs = {name: {**default, "merge_prob": auto_merge_prob(default["merge_prob"], c.num_devices, c.cpu_index),
+                   "cluster_prob": auto_cluster_prob(default["cluster_prob"], c.num_devices, c.cpu_index)}
             for name, c in ((n, parse_cluster(n)) for n in {r["cluster"] for r in recs})}
 
     def setting(r):   # what differs from today's default (records before `block` existed made "run" blocks,
-        # before `attract_prob` and `merge_prob` none of those moves)
-        cfg = {"block": "run", "attract_prob": 0.0, "merge_prob": 0.0, **r["config"]}
+        # before `attract_prob`, `merge_prob` and `cluster_prob` none of those moves)
+        cfg = {"block": "run", "attract_prob": 0.0, "merge_prob": 0.0, "cluster_prob": 0.0, **r["config"]}
         return json.dumps({k: v for k, v in cfg.items() if refs[r["cluster"]].get(k) != v}, sort_keys=True)
 
     def cell(r):      # a precision other than fp32 is part of the cluster column

@@ -78,7 +78,8 @@ def run(model: str, cluster: str, size: str, seconds: float, seed: int, first_se
                     rec = dict(base, method=m, seed=s, best_s=r.search_best, evaluations=r.evaluations,
                                updates=len(r.history), wall_s=time.perf_counter() - t0, overrides=configs[m],
                                local_moves=r.extra.get("local_moves"),
-                               local_merge_prob=r.extra.get("config", {}).get("local_merge_prob"))
+                               local_merge_prob=r.extra.get("config", {}).get("local_merge_prob"),
+                               local_cluster_prob=r.extra.get("config", {}).get("local_cluster_prob"))
                 _emit(rec)
                 recs.append(rec)
     finally:

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError, SearchError
-from placer.grouped import auto_merge_prob
+from placer.grouped import auto_cluster_prob, auto_merge_prob
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,8 @@ class CellSettings:
             k["split_groups"] = self.split_groups
         from placer.sim.cluster import parse_cluster
 
-        cluster = parse_cluster(self.spec)   # merges' default share follows its accelerators (auto_merge_prob)
+        cluster = parse_cluster(self.spec)   # merges' and cluster moves' default shares follow its accelerators
+        D, cpu = cluster.num_devices, cluster.cpu_index
         cfg = self.search_config()
         if cfg.local_moves:      # cells searched before local moves existed have none
             k["local_moves"] = int(cfg.local_moves)
@@ -90,16 +91,17 @@ class CellSettings:
                 k["local_share_patience"] = int(cfg.local_share_patience)
             if cfg.local_schedule != "search":   # ...nor a schedule that starts at the chain's first batch (same day)
                 k["local_schedule"] = cfg.local_schedule
-            merge = auto_merge_prob(cfg.local_merge_prob, cluster.num_devices, cluster.cpu_index)
-            for name, v in (("local_attract_prob", cfg.local_attract_prob), ("local_merge_prob", merge)):
-                if v:                                            # ...nor attractions, merges (2026-12-06)
+            for name, v in (("local_attract_prob", cfg.local_attract_prob),
+                            ("local_merge_prob", auto_merge_prob(cfg.local_merge_prob, D, cpu)),
+                            ("local_cluster_prob", auto_cluster_prob(cfg.local_cluster_prob, D, cpu))):
+                if v:                  # ...nor attractions, merges (2026-12-06), cluster moves (2026-12-07)
                     k[name] = float(v)
         if self.anneal:
             from placer.baselines.anneal import AnnealConfig
 
             a = AnnealConfig()
-            for name, v in (("attract_prob", a.attract_prob),
-                            ("merge_prob", auto_merge_prob(a.merge_prob, cluster.num_devices, cluster.cpu_index))):
+            for name, v in (("attract_prob", a.attract_prob), ("merge_prob", auto_merge_prob(a.merge_prob, D, cpu)),
+                            ("cluster_prob", auto_cluster_prob(a.cluster_prob, D, cpu))):
                 if v:
                     k[f"anneal_{name}"] = float(v)
         return k

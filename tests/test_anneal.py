@@ -385,11 +385,11 @@ def test_anneal_with_merges_and_attractions_keeps_allowed_devices_and_counts():
     assert len(ev.batches) == n
 
 
-@pytest.mark.parametrize("gpus, share", [(3, 0.0), (8, 0.05)])
-def test_merge_moves_by_default_follow_the_accelerator_count(gpus, share, monkeypatch):
-    """merge_prob None (the default, "auto"): merge moves from 8 accelerators on (placer.grouped.auto_merge_prob),
-    none below. The annealer's and the search chain's neighbours are drawn with that share, both record it, and a
-    share given explicitly wins."""
+@pytest.mark.parametrize("gpus, share, cshare", [(3, 0.0, 0.0), (8, 0.05, 0.1)])
+def test_merge_moves_by_default_follow_the_accelerator_count(gpus, share, cshare, monkeypatch):
+    """merge_prob and cluster_prob None (the defaults, "auto"): merge and cluster moves from 8 accelerators on
+    (placer.grouped.auto_merge_prob, auto_cluster_prob), none below. The annealer's and the search chain's
+    neighbours are drawn with those shares, both record them, and a share given explicitly wins."""
     import placer.baselines.anneal as anneal_mod
     import placer.rl.search as search_mod
     from placer.rl.reinforce import ReinforceConfig
@@ -398,8 +398,8 @@ def test_merge_moves_by_default_follow_the_accelerator_count(gpus, share, monkey
     shares = []
     for mod in (anneal_mod, search_mod):
         real = mod.neighbours
-        monkeypatch.setattr(mod, "neighbours", lambda *a, _real=real, **k: (shares.append(k["merge_prob"]),
-                                                                            _real(*a, **k))[1])
+        monkeypatch.setattr(mod, "neighbours", lambda *a, _real=real, **k: (
+            shares.append((k["merge_prob"], k["cluster_prob"], len(k["clusters"]) > 0)), _real(*a, **k))[1])
     G, cpu = 8, gpus
     gr = _grouping(G)
     allowed = np.ones((G, gpus + 1), bool)
@@ -410,20 +410,21 @@ def test_merge_moves_by_default_follow_the_accelerator_count(gpus, share, monkey
                            cluster=SimpleNamespace(cpu_index=cpu, devices=[SimpleNamespace(capacity_bytes=10**9)]
                                                    * (gpus + 1)), simulator=ev)
     r = anneal(prob, max_evaluations=60, seed=0)
-    assert r.config["merge_prob"] == share and shares and set(shares) == {share}
+    assert (r.config["merge_prob"], r.config["cluster_prob"]) == (share, cshare)
+    assert shares and set(shares) == {(share, cshare, cshare > 0)}     # the METIS parts cut when the share asks
     shares.clear()
-    assert anneal(prob, max_evaluations=60, config=AnnealConfig(merge_prob=0.2)).config["merge_prob"] == 0.2
-    assert set(shares) == {0.2}
+    r = anneal(prob, max_evaluations=60, config=AnnealConfig(merge_prob=0.2, cluster_prob=0.3))
+    assert (r.config["merge_prob"], r.config["cluster_prob"]) == (0.2, 0.3) and set(shares) == {(0.2, 0.3, True)}
 
     shares.clear()
     s = Search(gr, ev, cpu_index=cpu, allowed=allowed, baselines=prob.baselines, progress=False, tensorboard=False,
                config=ReinforceConfig(seed=0, local_moves=8, hidden_size=32, attn_size=16))
-    assert s.config.local_merge_prob == share
+    assert (s.config.local_merge_prob, s.config.local_cluster_prob) == (share, cshare)
     s.run(60, max_updates=1)
-    assert shares and set(shares) == {share}
+    assert shares and set(shares) == {(share, cshare, cshare > 0)}
     given = Search(gr, ev, cpu_index=cpu, allowed=allowed, progress=False, tensorboard=False,
-                   config=ReinforceConfig(seed=0, local_merge_prob=0.0))
-    assert given.config.local_merge_prob == 0.0
+                   config=ReinforceConfig(seed=0, local_merge_prob=0.0, local_cluster_prob=0.2))
+    assert (given.config.local_merge_prob, given.config.local_cluster_prob) == (0.0, 0.2)
 
 
 def test_cluster_moves_move_a_whole_metis_part_to_one_device():

@@ -60,9 +60,16 @@ def test_search_cli_bad_input(tmp_path, capsys):
     assert main(base + ["--cluster", "4xK80", "--merge-share", "0.9", "--out", str(tmp_path / "m")]) == 2
     assert "--merge-share must be between 0 and 0.8 (the chain's moves left after its attraction moves), got 0.9" \
         in capsys.readouterr().err
-    assert main(base + ["--cluster", "4xK80", "--merge-share", "0.1", "--max-updates", "1", "--out",
-                        str(tmp_path / "m")]) == 0
-    assert json.loads((tmp_path / "m" / "checkpoint" / "state.json").read_text())["config"]["local_merge_prob"] == 0.1
+    assert main(base + ["--cluster", "4xK80", "--cluster-share", "-0.1", "--out", str(tmp_path / "m")]) == 2
+    assert "--cluster-share must be between 0 and 0.8" in capsys.readouterr().err
+    assert main(base + ["--cluster", "4xK80", "--merge-share", "0.5", "--cluster-share", "0.5", "--out",
+                        str(tmp_path / "m")]) == 2
+    assert "--merge-share + --cluster-share must be at most 0.8 (the chain's moves left after its attraction " \
+           "moves), got 0.5 + 0.5" in capsys.readouterr().err
+    assert main(base + ["--cluster", "4xK80", "--merge-share", "0.1", "--cluster-share", "0.2", "--max-updates", "1",
+                        "--out", str(tmp_path / "m")]) == 0
+    cfg = json.loads((tmp_path / "m" / "checkpoint" / "state.json").read_text())["config"]
+    assert (cfg["local_merge_prob"], cfg["local_cluster_prob"]) == (0.1, 0.2)
     assert main(["search", "--resume", str(tmp_path / "nothing")]) == 2
     assert "not a search directory" in capsys.readouterr().err
     # one device: returns at once with the only placement there is

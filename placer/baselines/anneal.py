@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 
 from placer.errors import PlacementError
-from placer.grouped import (accept0_error, accept_move, auto_merge_prob, charged_step_times, cluster_levels,
-                            failure_reference, group_key, grouped_baselines, initial_temperature, move_shares_error,
-                            neighbours)
+from placer.grouped import (accept0_error, accept_move, auto_cluster_prob, auto_merge_prob, charged_step_times,
+                            cluster_levels, failure_reference, group_key, grouped_baselines, initial_temperature,
+                            move_shares_error, neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,9 @@ class AnnealConfig:
                                   # else 0; RESULTS.md "Merges by device count"); the result's config records it
     accept0: float = 0.3          # at T0 a median worsening move of the first batch is accepted with this probability
     t_final: float = 1e-4         # final temperature, in relative step-time change (1e-3, 1e-5 no better)
-    cluster_prob: float = 0.0     # share of cluster moves (a METIS part of the groups to one device;
-                                  # placer.grouped.cluster_levels)
+    cluster_prob: float | None = None  # share of cluster moves (a METIS part of the groups to one device;
+                                  # placer.grouped.cluster_levels); None: by the device count, as merge_prob
+                                  # (placer.grouped.auto_cluster_prob: 0.1 from 8 accelerators on, else 0)
     restarts: int = 0             # reheats from the best so far, the budget split into restarts + 1 schedules
     rule: str = "greedy"          # "greedy" or "metropolis" (module docstring); metropolis worse on both models
     failure_factor: float = 10.0  # a failure costs this × the single-GPU step time (as ReinforceConfig's)
@@ -119,8 +120,9 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
     True
     """
     cfg = config or AnnealConfig()
-    if cfg.merge_prob is None:         # "auto": by the number of accelerators
-        cfg = replace(cfg, merge_prob=auto_merge_prob(None, len(problem.cluster.devices), problem.cluster.cpu_index))
+    D, cpu = len(problem.cluster.devices), problem.cluster.cpu_index   # "auto" shares: by the number of accelerators
+    cfg = replace(cfg, merge_prob=auto_merge_prob(cfg.merge_prob, D, cpu),
+                  cluster_prob=auto_cluster_prob(cfg.cluster_prob, D, cpu))
     if max_evaluations is None and budget_seconds is None:
         raise PlacementError("anneal needs a budget: max_evaluations or budget_seconds")
     if cfg.rule not in ("greedy", "metropolis"):

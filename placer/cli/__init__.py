@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge-share", type=float, metavar="P",
                    help="share of the chain's moves that merge all of a device's groups into another device "
                         "(default: 0.05 from 8 accelerators on, else 0)")
+    p.add_argument("--cluster-share", type=float, metavar="P",
+                   help="share of the chain's moves that send a METIS part of the groups (a tower, a stack of "
+                        "layers) to one device (default: 0.1 from 8 accelerators on, else 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _json_flag(p)
 

@@ -78,10 +78,15 @@ def run_search(args) -> int:
         raise SearchError(f"--local-moves must be 0 or more, got {args.local_moves}")
     from placer.rl.reinforce import ReinforceConfig
 
-    merge, top = getattr(args, "merge_share", None), 1.0 - ReinforceConfig().local_attract_prob
-    if merge is not None and not 0.0 <= merge <= top:
-        raise SearchError(f"--merge-share must be between 0 and {top:g} (the chain's moves left after its "
-                          f"attraction moves), got {merge}")
+    merge, clus = getattr(args, "merge_share", None), getattr(args, "cluster_share", None)
+    top = 1.0 - ReinforceConfig().local_attract_prob
+    for flag, v in (("--merge-share", merge), ("--cluster-share", clus)):
+        if v is not None and not 0.0 <= v <= top:
+            raise SearchError(f"{flag} must be between 0 and {top:g} (the chain's moves left after its "
+                              f"attraction moves), got {v}")
+    if merge is not None and clus is not None and merge + clus > top:
+        raise SearchError(f"--merge-share + --cluster-share must be at most {top:g} (the chain's moves left after "
+                          f"its attraction moves), got {merge:g} + {clus:g}")
     out = out_dir(args.out)
     if not resume:
         if (out / "checkpoint").exists():
@@ -115,7 +120,8 @@ def run_search(args) -> int:
                                        timeout=float(getattr(args, "timeout", 600.0) or 600.0))
         config = None
         overrides = {**({} if getattr(args, "local_moves", None) is None else {"local_moves": int(args.local_moves)}),
-                     **({} if merge is None else {"local_merge_prob": float(merge)})}
+                     **({} if merge is None else {"local_merge_prob": float(merge)}),
+                     **({} if clus is None else {"local_cluster_prob": float(clus)})}
         if overrides and not resume:
             config = ReinforceConfig.for_reward(args.reward, seed=int(args.seed or 0), **overrides)
         search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0), config=config,
