@@ -29,8 +29,8 @@ AUTO_MERGE_PROB = 0.05
 MERGE_ACCELERATORS = 8
 # cluster moves (`neighbours`, `cluster_levels`), when their share is left to the device count ("auto", None): this
 # share from MERGE_ACCELERATORS accelerators on, as merges, none on smaller clusters (RESULTS.md "Cluster moves by
-# device count": on 8 GPUs at 25,000 evaluations annealing ends 5-9% faster with them, on 2 and 4 K80s at 1,000
-# evaluations 0.2-1.8% slower)
+# device count": on a DGX-1 at 25,000 evaluations annealing ends 5.5-9% faster with them, on 8 A100s level, on 8
+# K80s mixed; on 2 and 4 K80s at 1,000 evaluations 0.2-1.8% slower)
 AUTO_CLUSTER_PROB = 0.1
 
 

@@ -122,6 +122,18 @@ def test_tb_is_written_when_no_update_ran(tmp_path, tb_scalars):
     assert "step_time/best_so_far" in tb_scalars(tmp_path / "b" / "tb")
 
 
+def test_max_updates_0_evaluates_the_baselines_without_a_warm_start_fit():
+    """max_updates=0 (`--max-updates 0`): the baselines alone, with no imitation fit that no update would use; a
+    later run with updates makes the warm start then."""
+    gr, ev = _setup()
+    s = Search(gr, ev, cpu_index=CPU, baselines={"expert": ev.target_ops.copy()}, progress=False,
+               config=ReinforceConfig(imitation_steps=200, imitation_prob=0.9, **SMALL))
+    res = s.run(60, max_updates=0)
+    assert res.updates == 0 and not s.imitated and not s.grouped_times and s.evaluations == 1
+    s.run(60, max_updates=1)
+    assert s.imitated == "expert" and s.grouped_times
+
+
 def test_warm_start_imitates_best_baseline():
     gr, ev = _setup()
     perfect = ev.target_ops.copy()
@@ -692,7 +704,8 @@ def test_the_warm_start_is_the_runs_first_elite():
     single = gr.expand(np.zeros(gr.num_groups, int), CPU)
     s = Search(gr, ev, cpu_index=CPU, baselines={"single_gpu": single}, progress=False,
                config=ReinforceConfig(seed=0, imitation_steps=2, local_moves=8, **SMALL))
-    s.run(60, max_updates=0)
+    s.run(60, max_updates=0)                 # the baselines alone (no fit without an update to use it)
+    s._warm_start()
     assert s.imitated and s.start_groups is not None
     np.testing.assert_array_equal(s.elite_groups, s.start_groups)
     assert s.elite_time == pytest.approx(s.grouped_times[s.imitated])

@@ -1178,8 +1178,8 @@ class Search:
                 and self.config.imitation_steps > 0 and self.best_placement is not None and not one_choice:
             self._pretrained_start()         # also when resumed after the zero-shot batch (or a zero-shot answer)
         if self.updates == 0 and not self.imitated and self.config.imitation_steps > 0 \
-                and self.best_placement is not None and not one_choice:
-            self._warm_start()
+                and self.best_placement is not None and not one_choice and max_updates != 0:
+            self._warm_start()       # (max_updates=0: the baselines alone; a resume with updates fits then)
         if one_choice:                                     # nothing to choose
             forced = self.grouping.expand(self.allowed.argmax(axis=1), self.cpu_index)
             if self.best_placement is None:
