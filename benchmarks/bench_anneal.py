@@ -143,16 +143,14 @@ def tune(model: str, cluster: str, size: str, evals: list[int], seed: int, seeds
 def tune_table(date: str, evals: int) -> None:
     from placer.baselines.anneal import AnnealConfig
 
-    from placer.grouped import auto_cluster_prob, auto_merge_prob
+    from placer.grouped import auto_shares
     from placer.sim.cluster import parse_cluster
 
-    default = AnnealConfig().to_dict()
     recs = [json.loads(x) for x in (RESULTS / "bench_anneal_tune.jsonl").read_text().splitlines() if x.strip()]
     recs = [r for r in recs if r.get("date", "").startswith(date) and r["evaluations"] == evals]
     # today's default per cluster: merges' and cluster moves' shares follow its accelerators (records hold the
     # shares they used)
-    refs = {name: {**default, "merge_prob": auto_merge_prob(default["merge_prob"], c.num_devices, c.cpu_index),
-                   "cluster_prob": auto_cluster_prob(default["cluster_prob"], c.num_devices, c.cpu_index)}
+    refs = {name: auto_shares(AnnealConfig(), c.num_devices, c.cpu_index).to_dict()
             for name, c in ((n, parse_cluster(n)) for n in {r["cluster"] for r in recs})}
 
     def setting(r):   # what differs from today's default (records before `block` existed made "run" blocks,

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.errors import PlacerError, SearchError
-from placer.grouped import auto_cluster_prob, auto_merge_prob
+from placer.grouped import auto_shares
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class CellSettings:
 
         cluster = parse_cluster(self.spec)   # merges' and cluster moves' default shares follow its accelerators
         D, cpu = cluster.num_devices, cluster.cpu_index
-        cfg = self.search_config()
+        cfg = auto_shares(self.search_config(), D, cpu, "local_")
         if cfg.local_moves:      # cells searched before local moves existed have none
             k["local_moves"] = int(cfg.local_moves)
             if cfg.local_share:  # ...and before the chain's share of the wall time (2026-12-05) none
@@ -91,18 +91,16 @@ class CellSettings:
                 k["local_share_patience"] = int(cfg.local_share_patience)
             if cfg.local_schedule != "search":   # ...nor a schedule that starts at the chain's first batch (same day)
                 k["local_schedule"] = cfg.local_schedule
-            for name, v in (("local_attract_prob", cfg.local_attract_prob),
-                            ("local_merge_prob", auto_merge_prob(cfg.local_merge_prob, D, cpu)),
-                            ("local_cluster_prob", auto_cluster_prob(cfg.local_cluster_prob, D, cpu))):
-                if v:                  # ...nor attractions, merges (2026-12-06), cluster moves (2026-12-07)
+            # ...nor attractions, merges (2026-12-06), cluster moves (2026-12-07)
+            for name in ("local_attract_prob", "local_merge_prob", "local_cluster_prob"):
+                if v := getattr(cfg, name):
                     k[name] = float(v)
         if self.anneal:
             from placer.baselines.anneal import AnnealConfig
 
-            a = AnnealConfig()
-            for name, v in (("attract_prob", a.attract_prob), ("merge_prob", auto_merge_prob(a.merge_prob, D, cpu)),
-                            ("cluster_prob", auto_cluster_prob(a.cluster_prob, D, cpu))):
-                if v:
+            a = auto_shares(AnnealConfig(), D, cpu)
+            for name in ("attract_prob", "merge_prob", "cluster_prob"):
+                if v := getattr(a, name):
                     k[f"anneal_{name}"] = float(v)
         return k
 

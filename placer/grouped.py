@@ -329,6 +329,18 @@ def auto_cluster_prob(cluster_prob: float | None, num_devices: int, cpu_index: i
     return auto_share(cluster_prob, AUTO_CLUSTER_PROB, num_devices, cpu_index)
 
 
+def auto_shares(config, num_devices: int, cpu_index: int | None, prefix: str = ""):
+    """`config` (a dataclass: `AnnealConfig`, or `ReinforceConfig` with `prefix` "local_") with its "auto" move
+    shares (None) resolved for the device count: merges (`auto_merge_prob`) and cluster moves (`auto_cluster_prob`).
+    Every place that reads a config's shares for a cluster resolves them here, so a new automatic share is added
+    once."""
+    from dataclasses import replace
+
+    m, c = f"{prefix}merge_prob", f"{prefix}cluster_prob"
+    return replace(config, **{m: auto_merge_prob(getattr(config, m), num_devices, cpu_index),
+                              c: auto_cluster_prob(getattr(config, c), num_devices, cpu_index)})
+
+
 def auto_share(share: float | None, auto: float, num_devices: int, cpu_index: int | None) -> float:
     """`share` when given, else `auto` on clusters of at least MERGE_ACCELERATORS accelerators (the devices but
     the host CPU at `cpu_index`, if any) and 0 on smaller ones."""

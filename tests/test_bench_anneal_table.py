@@ -7,13 +7,11 @@ def _rec(settings, seeds, values, date="2026-12-06 03:00:00", model="clip", clus
     """A record as `tune` writes it: the config the runs used (merges' and cluster moves' shares resolved for the
     cluster)."""
     from placer.baselines.anneal import AnnealConfig
-    from placer.grouped import auto_cluster_prob, auto_merge_prob
+    from placer.grouped import auto_shares
     from placer.sim.cluster import parse_cluster
 
     c = parse_cluster(cluster)
-    cfg = AnnealConfig(**settings).to_dict()
-    cfg["merge_prob"] = auto_merge_prob(cfg["merge_prob"], c.num_devices, c.cpu_index)
-    cfg["cluster_prob"] = auto_cluster_prob(cfg["cluster_prob"], c.num_devices, c.cpu_index)
+    cfg = auto_shares(AnnealConfig(**settings), c.num_devices, c.cpu_index).to_dict()
     return {"bench": "anneal_tune", "model": model, "cluster": cluster, "evaluations": evals, "date": date,
             "settings": settings, "config": cfg, "seeds": seeds, "values_s": values, "precision": precision}
 

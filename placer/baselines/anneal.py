@@ -43,14 +43,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from placer.errors import PlacementError
-from placer.grouped import (accept0_error, accept_move, auto_cluster_prob, auto_merge_prob, charged_step_times,
-                            cluster_levels, failure_reference, group_key, grouped_baselines, initial_temperature,
+from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
+                            failure_reference, group_key, grouped_baselines, initial_temperature,
                             move_shares_error, neighbours)
 
 log = logging.getLogger(__name__)
@@ -120,9 +120,7 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
     True
     """
     cfg = config or AnnealConfig()
-    D, cpu = len(problem.cluster.devices), problem.cluster.cpu_index   # "auto" shares: by the number of accelerators
-    cfg = replace(cfg, merge_prob=auto_merge_prob(cfg.merge_prob, D, cpu),
-                  cluster_prob=auto_cluster_prob(cfg.cluster_prob, D, cpu))
+    cfg = auto_shares(cfg, len(problem.cluster.devices), problem.cluster.cpu_index)   # "auto": by the accelerators
     if max_evaluations is None and budget_seconds is None:
         raise PlacementError("anneal needs a budget: max_evaluations or budget_seconds")
     if cfg.rule not in ("greedy", "metropolis"):

@@ -42,8 +42,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placer.errors import SearchError, fmt_bytes
-from placer.grouped import (accept0_error, accept_move, auto_cluster_prob, auto_merge_prob, charged_step_times,
-                            cluster_levels, failure_reference, first_copies, group_key, grouped_baselines,
+from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
+                            failure_reference, first_copies, group_key, grouped_baselines,
                             initial_temperature, move_shares_error, neighbours)
 
 log = logging.getLogger(__name__)
@@ -187,9 +187,7 @@ class Search:
 
         self.config = config or ReinforceConfig(seed=self.seed)
         # "auto" shares (None): by the number of accelerators; the config then holds the shares used
-        c = self.config
-        self.config = dc_replace(c, local_merge_prob=auto_merge_prob(c.local_merge_prob, D, cpu_index),
-                                 local_cluster_prob=auto_cluster_prob(c.local_cluster_prob, D, cpu_index))
+        self.config = auto_shares(self.config, D, cpu_index, "local_")
         for name in ("local_accept0", "zero_shot_refine_accept0"):     # before any work, not at the first move
             if (msg := accept0_error(getattr(self.config, name), f"ReinforceConfig.{name}")) is not None:
                 raise SearchError(msg)
