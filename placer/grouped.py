@@ -214,6 +214,74 @@ def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k
     return out
 
 
+class MoveStats:
+    """What the moves evaluated so far say about each (group, device) pair: an exponential average (newest
+    weight `rate`) of the relative change Δ = c_new / c_cur - 1 of the moves that put group g on device d, a move
+    of n groups crediting each Δ / n (Δ clipped to `clip`: a failed placement's +900% would drown the rest);
+    pairs never moved to: unknown. It predicts a candidate move's Δ as the sum over the groups it changes (an
+    unknown pair counts 0), and `screen` keeps the k candidates of least predicted Δ: an online, additive model of
+    the step time around the chain's point, so that moves found bad a few steps back are not evaluated again in
+    another guise, and a pair that paid off is tried again from the new point (the learned move screening of the
+    annealer and the search's chain, `AnnealConfig.screen`, `ReinforceConfig.local_screen`).
+
+    >>> st = MoveStats(3, 2)
+    >>> cur = np.zeros(3, int)
+    >>> worse, better, unknown = np.array([1, 0, 0]), np.array([0, 1, 0]), np.array([0, 0, 1])
+    >>> st.update(cur, [worse, better], np.array([0.2, -0.1]))      # group 0 to device 1: +20%; group 1: -10%
+    >>> [c.tolist() for c in st.screen(cur, [worse, unknown, better], 2, np.random.default_rng(0))]
+    [[0, 1, 0], [0, 0, 1]]
+    """
+
+    def __init__(self, num_groups: int, num_devices: int, rate: float = 0.5, clip: float = 1.0):
+        self.mean = np.zeros((num_groups, num_devices))
+        self.count = np.zeros((num_groups, num_devices), np.int64)
+        self.rate, self.clip = rate, clip
+
+    def update(self, cur: np.ndarray, cands: Sequence[np.ndarray], delta: np.ndarray) -> None:
+        """Learn from moves `cands` away from `cur` and their relative changes `delta` (non-finite ones skipped)."""
+        for c, d in zip(cands, np.asarray(delta, float)):
+            changed = np.flatnonzero(c != cur)
+            if changed.size == 0 or not np.isfinite(d):
+                continue
+            share = min(d, self.clip) / changed.size
+            pair = (changed, c[changed])
+            seen = self.count[pair] > 0
+            self.mean[pair] = np.where(seen, (1 - self.rate) * self.mean[pair] + self.rate * share, share)
+            self.count[pair] += 1
+
+    def predict(self, cur: np.ndarray, cands: Sequence[np.ndarray]) -> np.ndarray:
+        """Each candidate's predicted Δ from `cur`."""
+        out = np.zeros(len(cands))
+        for i, c in enumerate(cands):
+            changed = np.flatnonzero(c != cur)
+            out[i] = self.mean[changed, c[changed]].sum()
+        return out
+
+    def screen(self, cur: np.ndarray, cands: Sequence[np.ndarray], k: int, rng: np.random.Generator,
+               limit: float | None = None) -> list[np.ndarray]:
+        """`k` of the candidates: those of least predicted Δ (ties in random order), in that order; with `limit`,
+        `k` drawn at random among those predicted at most `limit` (then the least predicted of the rest)."""
+        if len(cands) <= k:
+            return list(cands)
+        pred = self.predict(cur, cands)
+        order = rng.permutation(len(cands))
+        key = pred[order] if limit is None else (pred[order] > limit) * (1.0 + pred[order] - limit)
+        keep = order[np.argsort(key, kind="stable")[:k]]
+        return [cands[i] for i in keep]
+
+
+def screen_error(screen, name: str = "screen") -> str | None:
+    """Why `screen` (`name`: the setting it came from) cannot be a move screening factor (`MoveStats`), or None:
+    a whole number >= 1 (1: no screening).
+
+    >>> screen_error(4) is None, screen_error(0, "AnnealConfig.screen")
+    (True, 'AnnealConfig.screen (candidate moves drawn per move evaluated) must be a whole number >= 1: got 0')
+    """
+    if isinstance(screen, (int, np.integer)) and not isinstance(screen, bool) and screen >= 1:
+        return None
+    return f"{name} (candidate moves drawn per move evaluated) must be a whole number >= 1: got {screen!r}"
+
+
 def _to_one_device(new: np.ndarray, run: np.ndarray, allowed: np.ndarray, rng: np.random.Generator) -> None:
     """A block or cluster move, in place: the groups `run` to one device drawn among those any of them may use,
     each group that may use it."""
