@@ -51,7 +51,7 @@ import numpy as np
 from placer.errors import PlacementError
 from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
                             failure_reference, group_key, grouped_baselines, initial_temperature,
-                            move_shares_error, MoveStats, neighbours, screen_error)
+                            move_shares_error, neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +74,6 @@ class AnnealConfig:
     cluster_prob: float | None = None  # share of cluster moves (a METIS part of the groups to one device;
                                   # placer.grouped.cluster_levels); None: by the device count, as merge_prob
                                   # (placer.grouped.auto_cluster_prob: 0.1 from 8 accelerators on, else 0)
-    screen: int = 1               # learned move screening: draw this many candidate moves per move evaluated and
-                                  # evaluate those of least predicted change (placer.grouped.MoveStats); 1: off
-    screen_accept: float = 0.0    # ...with > 0: draw at random among the candidates whose predicted change the
-                                  # rule would accept with at least this probability at the temperature (0: the best)
     restarts: int = 0             # reheats from the best so far, the budget split into restarts + 1 schedules
     rule: str = "greedy"          # "greedy" or "metropolis" (module docstring); metropolis worse on both models
     failure_factor: float = 10.0  # a failure costs this × the single-GPU step time (as ReinforceConfig's)
@@ -133,8 +129,6 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
         raise PlacementError(f"unknown anneal block {cfg.block!r}: use run or linked")
     if (msg := accept0_error(cfg.accept0, "AnnealConfig.accept0")) is not None:
         raise PlacementError(msg)
-    if (msg := screen_error(cfg.screen, "AnnealConfig.screen")) is not None:
-        raise PlacementError(msg)
     if (msg := move_shares_error(cfg.merge_prob, cfg.attract_prob, "AnnealConfig.",
                                  cluster_prob=cfg.cluster_prob)) is not None:
         raise PlacementError(msg)
@@ -185,7 +179,6 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
     movable = np.flatnonzero(allowed.sum(axis=1) > 1)
     links = np.asarray(grouping.adjacency, float) if cfg.block == "linked" else None
     clusters = cluster_levels(grouping.adjacency, grouping.group_cost) if cfg.cluster_prob > 0 else []
-    stats = MoveStats(G, allowed.shape[1]) if cfg.screen > 1 else None
     t0 = t_fin = float("nan")
     move_evals0, move_t0 = run.evaluations, time.perf_counter()
     seg_prev, restarts, accepted = 0, 0, 0
@@ -212,20 +205,14 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
         q = min(1.0, p * (cfg.restarts + 1) - seg)
         temp = t0 * (t_fin / t0) ** q if np.isfinite(t0) else float("inf")
 
-        n = min(cfg.batch, left or cfg.batch)
-        cands = neighbours(cur, allowed, rng, n * cfg.screen, run.seen, block_prob=cfg.block_prob,
+        cands = neighbours(cur, allowed, rng, min(cfg.batch, left or cfg.batch), run.seen, block_prob=cfg.block_prob,
                            block_max=cfg.block_max, movable=movable, links=links, merge_prob=cfg.merge_prob,
                            attract_prob=cfg.attract_prob, clusters=clusters, cluster_prob=cfg.cluster_prob)
         if not cands:
             stop = "no_moves"
             break
-        if stats is not None:
-            cands = stats.screen(cur, cands, n, rng, None if not cfg.screen_accept or not np.isfinite(temp)
-                                 else -temp * np.log(cfg.screen_accept))
         costs, _ = run.evaluate(cands)
         delta = costs / max(cur_c, 1e-30) - 1.0
-        if stats is not None:
-            stats.update(cur, cands, delta)
         if not np.isfinite(t0):     # T0 from the first batch's worsening moves
             t0 = initial_temperature(delta, cfg.accept0)
             t_fin = min(cfg.t_final, t0)

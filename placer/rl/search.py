@@ -44,7 +44,7 @@ import numpy as np
 from placer.errors import SearchError, fmt_bytes
 from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
                             failure_reference, first_copies, group_key, grouped_baselines,
-                            initial_temperature, move_shares_error, MoveStats, neighbours, screen_error)
+                            initial_temperature, move_shares_error, neighbours)
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +198,6 @@ class Search:
         if not isinstance(self.config.local_restarts, int) or self.config.local_restarts < 0:
             raise SearchError(f"ReinforceConfig.local_restarts must be a whole number >= 0, "
                               f"got {self.config.local_restarts!r}")
-        if (msg := screen_error(self.config.local_screen, "ReinforceConfig.local_screen")) is not None:
-            raise SearchError(msg)
         for name, choices in CONFIG_CHOICES.items():   # a typo must not silently pick the other choice
             if getattr(self.config, name) not in choices:
                 raise SearchError(f"ReinforceConfig.{name} must be {' or '.join(choices)}, "
@@ -256,8 +254,6 @@ class Search:
         self._policy_freq: np.ndarray | None = None   # float[G, D]: where the policy's recent samples put each
         #                                               group (`local_policy_prob`; `_note_policy_samples`)
         self._cluster_levels: list[np.ndarray] | None = None   # the cluster moves' levels (`_clusters`)
-        # the chain's learned move screening (`local_screen` > 1): what its moves taught about each (group, device)
-        self._move_stats = MoveStats(*self.allowed.shape) if self.config.local_screen > 1 else None
         self._local_seen: set[bytes] = set()   # group placements the chain evaluated (not checkpointed)
         self._cands: list = []         # the chain's last batch of neighbours (_chain_batch) and their charged
         self._cands_charged = np.empty(0)   # step times, for _chain_accept
@@ -346,9 +342,6 @@ class Search:
             "share_mark": list(self.share_mark), "local_rng": self._local_rng.bit_generator.state,
             "local_chain": arr("local_chain", self._chain),
             "local_policy_freq": arr("local_policy_freq", self._policy_freq),
-            "local_screen_mean": arr("local_screen_mean", None if self._move_stats is None else self._move_stats.mean),
-            "local_screen_count": arr("local_screen_count",
-                                      None if self._move_stats is None else self._move_stats.count),
             "local_chain_c": _json_num(self._chain_c), "local_t0": _json_num(self._chain_t0),
             "local_p0": _json_num(self._chain_p0),
             "local_chain_best": _json_num(self._chain_best), "local_chain_seg": self._chain_seg,
@@ -462,10 +455,6 @@ class Search:
         self._chain_p0 = float(_num_json(state.get("local_p0", 0.0 if np.isfinite(self._chain_t0) else float("nan"))))
         self._chain_best = float(_num_json(state.get("local_chain_best", float("inf"))))
         self._chain_seg = int(state.get("local_chain_seg", 0))
-        sm, sc = state.get("local_screen_mean"), state.get("local_screen_count")
-        if self._move_stats is not None and sm is not None and sc is not None:
-            self._move_stats.mean = np.asarray(arr(sm), np.float64)
-            self._move_stats.count = np.asarray(arr(sc), np.int64)
         pf = state.get("local_policy_freq")
         self._policy_freq = None if pf is None else np.asarray(arr(pf), np.float64)
         e = state.get("elite_set")
@@ -928,16 +917,12 @@ class Search:
 
         cfg = self.config
         links = getattr(self.grouping, "adjacency", None) if cfg.local_block == "linked" else None
-        stats = self._move_stats
-        cands = neighbours(self._chain, self.allowed, self._local_rng, k * (1 if stats is None else cfg.local_screen),
-                           self._local_seen, links=links,
+        cands = neighbours(self._chain, self.allowed, self._local_rng, k, self._local_seen, links=links,
                            merge_prob=cfg.local_merge_prob, attract_prob=cfg.local_attract_prob,
                            prefer=self._policy_freq, prefer_prob=cfg.local_policy_prob,
                            clusters=self._clusters(), cluster_prob=cfg.local_cluster_prob)
         if not cands:
             return None
-        if stats is not None:
-            cands = stats.screen(self._chain, cands, k, self._local_rng)
         self._local_seen.update(group_key(g) for g in cands)
         fail_t = self.failure_step_time if self.failure_step_time is not None else 100.0
         r = evaluate_groups(cands, lambda i: self.grouping.expand(cands[i], self.cpu_index), self.evaluator,
@@ -956,8 +941,6 @@ class Search:
             improved, _ = self._note_sample(g, self.grouping.expand(g, self.cpu_index), float(times[b]))
             improved_run = True
             self.local_improvements += 1
-        if stats is not None:
-            stats.update(self._chain, cands, r.charged / max(self._chain_c, 1e-30) - 1.0)
         self._cands, self._cands_charged = cands, r.charged
         return len(cands), r.charged, improved, improved_run
 
