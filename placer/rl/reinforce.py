@@ -68,12 +68,6 @@ class ReinforceConfig:
     baseline_decay: float = 0.9      # hierarchical_controller bl_dec=0.9
     baseline_mode: str = "ema"       # "ema" (the controller) or "batch" (mean reward of the K samples)
     normalize_advantage: bool = True  # CleanRL ppo.py norm_adv=True
-    # more steps on each batch (PPO, Schulman et al. 2017: the clipped surrogate): after the REINFORCE step,
-    # ppo_epochs - 1 more, each sample weighted by its probability ratio to the sampling policy (per group: the
-    # geometric mean over the G decisions) and dropped once that ratio leaves 1 ± ppo_clip in its advantage's
-    # direction. 1: plain REINFORCE
-    ppo_epochs: int = 1
-    ppo_clip: float = 0.2
     advantage_std_floor: float = 0.01  # advantages divided by at least this fraction of |baseline| (toy task)
     failure_factor: float = 10.0     # failed step time = this × the single-device time (controller: 100 s)
     # rounds of baseline evaluation; above 1 (measured rewards), each distinct baseline placement is evaluated
@@ -339,18 +333,6 @@ class Reinforce:
             loss, entropy, grad_norm, logp = self._train(
                 tf.constant(actions, tf.int32), tf.constant(noise, tf.float32),
                 tf.constant(self.noise_scale, tf.float32), tf.constant(adv, tf.float32))
-        G = float(self.policy.num_groups)
-        old = logp.numpy().astype(np.float64)
-        for _ in range(max(0, int(cfg.ppo_epochs) - 1)):      # PPO's further epochs on the same batch
-            with tf.device(POLICY_DEVICE):
-                now = self.policy.log_probs(actions, noise, self.noise_scale)[0].numpy().astype(np.float64)
-            ratio = np.exp(np.clip((now - old) / G, -20.0, 20.0))
-            keep = ~(((adv > 0) & (ratio > 1 + cfg.ppo_clip)) | ((adv < 0) & (ratio < 1 - cfg.ppo_clip)))
-            if not keep.any():
-                break
-            with tf.device(POLICY_DEVICE):
-                self._train(tf.constant(actions, tf.int32), tf.constant(noise, tf.float32),
-                            tf.constant(self.noise_scale, tf.float32), tf.constant(adv * ratio * keep, tf.float32))
         self.baseline = cfg.baseline_decay * self.baseline + (1 - cfg.baseline_decay) * float(rewards.mean())
         self.updates += 1
         return {"loss": float(loss), "entropy": float(entropy), "grad_norm": float(grad_norm),
