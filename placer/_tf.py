@@ -19,7 +19,8 @@ import importlib.abc
 import logging
 import os
 import sys
-import tempfile
+
+from placer._mute import muted
 
 log = logging.getLogger(__name__)
 _done = False
@@ -61,22 +62,10 @@ def _after_import(quiet: bool, hide: bool) -> None:
 
 
 def _quietly(fn) -> None:
-    """Run fn with file descriptor 2 sent to a temp file (TensorFlow's C++ start-up chatter: CUDA probing on a
-    GPU-less host, absl banners); the chatter is replayed only if fn fails."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            fn()
-        except BaseException:
-            os.dup2(saved, 2)
-            tmp.seek(0)
-            sys.stderr.write(tmp.read().decode(errors="replace"))
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+    """Run fn with file descriptor 2 muted (TensorFlow's C++ start-up chatter: CUDA probing on a GPU-less host,
+    absl banners); the chatter is replayed only if fn fails."""
+    with muted(2):
+        fn()
 
 
 class _Loader(importlib.abc.Loader):

@@ -21,6 +21,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from placer._mute import muted
+
 # the failure charge's reference: the single-device step time (simulated even when it runs out of memory)
 FAILURE_REFERENCE_BASELINES = ("single_gpu", "single", "single_cpu")
 # merge moves (`neighbours`), when their share is left to the device count ("auto", None): this share on
@@ -250,8 +252,9 @@ def cluster_levels(links: np.ndarray, weights: np.ndarray, min_size: int = 4, se
     out = []
     k = 2
     while G >= k * min_size:
-        _, parts = pymetis.part_graph(k, xadj=xadj, adjncy=adjncy, vweights=vw.tolist(),
-                                      eweights=ew if adjncy else None, options=pymetis.Options(seed=int(seed)))
+        with muted(1):          # METIS prints to stdout when a level has more parts than it can fill
+            _, parts = pymetis.part_graph(k, xadj=xadj, adjncy=adjncy, vweights=vw.tolist(),
+                                          eweights=ew if adjncy else None, options=pymetis.Options(seed=int(seed)))
         out.append(np.asarray(parts, np.int64))
         k *= 2
     return out

@@ -480,3 +480,27 @@ def test_anneal_and_search_with_cluster_moves_keep_allowed_devices_and_refuse_ba
         Search(gr, ev, cpu_index=CPU, allowed=allowed, config=ReinforceConfig(local_cluster_prob=0.9),
                progress=False, tensorboard=False)
     assert len(ev.batches) == n
+
+
+def test_metis_chatter_never_reaches_stdout_and_a_failure_keeps_it(capfd):
+    """METIS prints "***Cannot bisect a graph with 0 vertices!" to fd 1 when a level of `cluster_levels` has more
+    parts than its weights can fill (a DGX cell's groups): a command's stdout (its JSON) stays clean, the levels
+    are still made. A block that fails under `muted` gives its chatter back, so the failure keeps its reason."""
+    import os
+
+    from placer._mute import muted
+    from placer.grouped import cluster_levels
+
+    G = 200
+    links = np.zeros((G, G))
+    links[np.arange(G - 1), np.arange(1, G)] = 1.0
+    weights = np.ones(G)
+    weights[:3] = 1e6                 # three groups hold nearly all the work: the deep levels cannot be filled
+    levels = cluster_levels(links, weights)
+    assert len(levels) == 5 and all(lv.shape == (G,) for lv in levels)
+    assert capfd.readouterr().out == ""
+    with pytest.raises(RuntimeError, match="boom"):
+        with muted(1):
+            os.write(1, b"the C library's reason\n")
+            raise RuntimeError("boom")
+    assert "the C library's reason" in capfd.readouterr().out

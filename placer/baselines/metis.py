@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from placer._mute import muted
 from placer.baselines._common import partition_placement, prepare, to_int_weights
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import Cluster
@@ -32,8 +33,9 @@ def metis_placement(graph: OpGraph, cluster: Cluster, costs=None, seed: int = 0)
 
     def part(cg, k: int) -> np.ndarray:
         ew = to_int_weights(cg.eweight) if len(cg.adjncy) else None
-        _, parts = pymetis.part_graph(k, xadj=cg.xadj, adjncy=cg.adjncy, vweights=to_int_weights(cg.vweight),
-                                      eweights=ew, options=pymetis.Options(seed=int(seed)))
+        with muted(1):          # METIS's own complaints go to stdout (a command's JSON output)
+            _, parts = pymetis.part_graph(k, xadj=cg.xadj, adjncy=cg.adjncy, vweights=to_int_weights(cg.vweight),
+                                          eweights=ew, options=pymetis.Options(seed=int(seed)))
         return np.asarray(parts, np.int64)
 
     return partition_placement(prepare(graph, cluster, costs), part, "metis")
