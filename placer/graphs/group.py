@@ -50,8 +50,11 @@ TINY_FRACTION = 0.02
 CHAIN_CAP_FRACTION = 0.5
 # a scope is significant (gets groups of its own) when it costs at least this fraction of the mean group cost
 SCOPE_FRACTION = 0.25
-# with `split_by`, groups are split exactly along the placement's devices unless that multiplies them beyond this
-REFINE_FACTOR = 2
+# with `split_by`, groups are split exactly along the placement's devices unless that multiplies them beyond this.
+# 5, not 2, since 2026-12-07: clip on DGX-A100 follows m_etf exactly in 752 groups (160 without the split), and
+# the search from there matches m_etf where it stayed 14-16% slower on 160 (benchmarks/RESULTS.md "Transformers
+# on 8-GPU nodes")
+REFINE_FACTOR = 5
 _GRAD_PREFIX = re.compile(r"^(?:gradients(?:_\d+)?|gradient_tape)/")
 _UPDATE_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9]*/update_")
 
