@@ -504,3 +504,23 @@ def test_metis_chatter_never_reaches_stdout_and_a_failure_keeps_it(capfd):
             os.write(1, b"the C library's reason\n")
             raise RuntimeError("boom")
     assert "the C library's reason" in capfd.readouterr().out
+
+
+def test_the_chains_placements_count_for_the_search_best_when_the_start_is_a_local_optimum():
+    """Started from the optimum itself (a baseline), no local move beats the run's best, but the moves are the
+    search's own placements: the search's best is the best of them (one group off the optimum: 1 + 0.1 x 2 ops),
+    not the best of the policy's few random samples."""
+    pytest.importorskip("tensorflow")
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import run_loop
+
+    G = 8
+    gr, allowed, ev, _ = _linked_toy(G)
+    target = np.array([1, 1, 0, 2, 2, 2, 0, 1])
+    cfg = ReinforceConfig(hidden_size=16, attn_size=8, num_samples=4, imitation_steps=1, local_moves=32,
+                          local_attract_prob=0.0)
+    res = run_loop(gr, ev, budget_seconds=120, max_updates=1, baselines={"target": gr.expand(target, CPU)},
+                   cpu_index=CPU, allowed=allowed, progress=False, config=cfg)
+    assert res.step_time == pytest.approx(1.0) and res.source == "target"
+    assert res.local["improvements"] == 0 and res.local["evaluations"] > 0
+    assert res.search_best == pytest.approx(1.2)

@@ -936,11 +936,12 @@ class Search:
             self._update_elite_set(np.stack(cands), times, ok)
         improved = improved_run = False
         b = int(np.argmin(times))
-        if ok[b] and times[b] < self.elite_time:
+        # the chain's placements are the search's own: one slower than the run's best (e.g. every neighbour of a
+        # start that is a strict local optimum) still counts for the search's best, as a policy sample would
+        if ok[b] and (times[b] < self.elite_time or times[b] < self.search_best):
             g = np.asarray(cands[b], np.int32)
-            improved, _ = self._note_sample(g, self.grouping.expand(g, self.cpu_index), float(times[b]))
-            improved_run = True
-            self.local_improvements += 1
+            improved, improved_run = self._note_sample(g, self.grouping.expand(g, self.cpu_index), float(times[b]))
+            self.local_improvements += int(improved_run)
         self._cands, self._cands_charged = cands, r.charged
         return len(cands), r.charged, improved, improved_run
 
