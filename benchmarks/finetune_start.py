@@ -83,8 +83,8 @@ def table(path: Path = OUT) -> str:
     for line in path.read_text().splitlines():
         r = json.loads(line)
         conf = json.dumps(r["config"], sort_keys=True) if r.get("config") else ""
-        if r.get("split_groups"):
-            conf = (conf + " " if conf else "") + f"--split-groups {r['split_groups']}"
+        if r.get("split_groups"):     # the groups a split makes depend on the code's refinement limit: named
+            conf = (conf + " " if conf else "") + f"--split-groups {r['split_groups']} ({r['groups']} groups)"
         groups.setdefault((r["graph"], r["evals"], r["method"], conf), []).append(r)
     rows = ["| graph | method | seeds | best at 1,000 (s) | at 5,000 (s) | at N (s) | N |",
             "|---|---|---|---:|---:|---:|---:|"]

@@ -12,12 +12,14 @@ def test_config_overrides_are_a_row_of_their_own(benchmark_script, tmp_path):
     lines = [{**base, "seed": 0}, {**base, "seed": 1, "s_at_evals": {"1000": 0.4, "5000": 0.3, "30000": 0.3}},
              {**base, "seed": 0, "config": {"local_accept0": 0.05}, "s_at_evals": {"1000": 0.5, "5000": 0.4,
                                                                                   "30000": 0.1}},
-             {**base, "seed": 3, "split_groups": "best", "groups": 294}]
+             {**base, "seed": 3, "split_groups": "best", "groups": 294},
+             {**base, "seed": 4, "split_groups": "best", "groups": 752}]      # another refinement: its own row
     path = tmp_path / "finetune_start.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     rows = mod.table(path).splitlines()[2:]
     assert rows == ['| gpt@DGX1:fp16 | auto | 0,1 | 0.4000 | 0.3000 | 0.2500 | 30,000 |',
-                    '| gpt@DGX1:fp16 | auto --split-groups best | 3 | 0.4000 | 0.3000 | 0.2000 | 30,000 |',
+                    '| gpt@DGX1:fp16 | auto --split-groups best (294 groups) | 3 | 0.4000 | 0.3000 | 0.2000 | 30,000 |',
+                    '| gpt@DGX1:fp16 | auto --split-groups best (752 groups) | 4 | 0.4000 | 0.3000 | 0.2000 | 30,000 |',
                     '| gpt@DGX1:fp16 | auto {"local_accept0": 0.05} | 0 | 0.5000 | 0.4000 | 0.1000 | 30,000 |']
 
 
