@@ -55,6 +55,17 @@ def test_unknown_device_and_unknown_spec_named():
         Placement.load("/nonexistent/placement.json")
 
 
+def test_placement_naming_ops_not_in_the_graph_is_an_error(tmp_path):
+    """A (hand-edited) placement file that names an op the graph does not have is refused, naming the op, even
+    when it places every op of the graph."""
+    g, c = small_graph(), small_cluster()
+    p = Placement.from_indices(g, c.device_names, round_robin_placement(g, c))
+    p.mapping["no/such/op"] = c.device_names[0]
+    p.save(tmp_path / "placement.json")
+    with pytest.raises(PlacementError, match="'no/such/op', which is not in graph"):
+        resolve_placement(str(tmp_path / "placement.json"), g, c)
+
+
 @pytest.mark.parametrize("fn", [single_placement, lambda g, c: random_placement(g, c, 3), round_robin_placement])
 def test_builtin_placements_keep_colocation_and_cpu_only(fn):
     g, c = small_graph(), small_cluster()
