@@ -33,7 +33,9 @@ import io
 import json
 import logging
 import os
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, replace as dc_replace
 from pathlib import Path
@@ -255,6 +257,7 @@ class Search:
         #                                               group (`local_policy_prob`; `_note_policy_samples`)
         self._cluster_levels: list[np.ndarray] | None = None   # the cluster moves' levels (`_clusters`)
         self._local_seen: set[bytes] = set()   # group placements the chain evaluated (not checkpointed)
+        self._interrupt = _DeferredInterrupt()   # Ctrl-C in the loop: stop after the current step, checkpointed
         self._cands: list = []         # the chain's last batch of neighbours (_chain_batch) and their charged
         self._cands_charged = np.empty(0)   # step times, for _chain_accept
         self._budget: tuple[float | None, int | None] = (None, None)   # run()'s budget, for the chain's schedule
@@ -803,7 +806,9 @@ class Search:
 
         def wanted() -> int:
             """How many more moves to draw: the rest of `local_moves` (n is within `limit`), then batches while the
-            chain is under its share of the wall time, within the budget and `limit`."""
+            chain is under its share of the wall time, within the budget and `limit`; none once interrupted."""
+            if self._interrupt.pending:
+                return 0
             if drawn < n:
                 return n - drawn
             if share <= 0:
@@ -1193,8 +1198,11 @@ class Search:
                    desc="search", dynamic_ncols=True, leave=False)
         stop = None
         try:
+            self._interrupt.__enter__()
             while True:
-                if max_updates is not None and self.updates >= max_updates:
+                if self._interrupt.pending:
+                    stop = "interrupted"
+                elif max_updates is not None and self.updates >= max_updates:
                     stop = "max_updates"
                 elif max_evaluations is not None and self.evaluations >= max_evaluations:
                     stop = "max_evaluations"
@@ -1255,7 +1263,11 @@ class Search:
                     break
                 self._check_systematic_failure()
         finally:
+            self._interrupt.__exit__()
             bar.close()
+        if stop == "interrupted":     # the work so far is kept: `placer search --resume DIR` continues from it
+            self.save_checkpoint()
+            raise KeyboardInterrupt
         return self._finish(stop)
 
     def _finish(self, stop: str) -> LoopResult:
@@ -1270,6 +1282,35 @@ class Search:
             except Exception as e:  # a plotting problem must not lose the search
                 log.warning("could not write curve.png: %s", e)
         return self._result(stop)
+
+
+class _DeferredInterrupt:
+    """Ctrl-C (SIGINT) during the search loop: the first only sets `pending`, so that the loop stops at the end of
+    the current update (or local-move batch), saves its checkpoint and then raises KeyboardInterrupt, losing no
+    work done since the last periodic checkpoint; a second Ctrl-C interrupts at once. Active only where Python's
+    default SIGINT handler is installed, in the main thread."""
+
+    def __init__(self):
+        self.pending = False
+        self._old = None
+
+    def __enter__(self) -> "_DeferredInterrupt":
+        self.pending = False
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.pending:
+            raise KeyboardInterrupt
+        self.pending = True
+        log.warning("interrupted: finishing the current step to save the checkpoint (Ctrl-C again to stop now)")
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
 
 
 def run_loop(grouping, evaluator, *, budget_seconds: float = 300.0, max_updates: int | None = None,
