@@ -22,7 +22,10 @@ DEFAULT_BUDGET = 300.0      # `placer search --budget` (CLI.md)
 # args stored for --resume (everything `placer search` reads)
 _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
                 "token_file", "costs", "budget", "max_updates", "max_evaluations", "patience", "groups", "seed", "out",
-                "no_progress", "json", "remeasure", "warmup", "runs", "timeout", "policy", "split_groups")
+                "no_progress", "json", "remeasure", "warmup", "runs", "timeout", "policy", "split_groups",
+                "precision", "layers", "local_moves", "merge_share", "cluster_share")
+# what `--resume DIR` may change; every other stored flag given again must match the stored search
+_RESUME_OVERRIDES = ("budget", "max_updates", "max_evaluations", "patience", "json", "no_progress", "out")
 
 
 def _save_args(out: Path, args) -> None:
@@ -39,10 +42,35 @@ def _load_args(out: Path, args):
         d = json.loads(p.read_text())
     except ValueError as e:
         raise SearchError(f"{p} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise SearchError(f"{p} is not the {ARGS_FILE} of a search (expected a JSON object of its flags)")
+    _check_resume_flags(out, args, d)
     for k, v in d.items():
         setattr(args, k, v)
     args.out = str(out)
     return args
+
+
+def _check_resume_flags(out: Path, args, stored: dict) -> None:
+    """A flag given with `--resume DIR` that the stored search fixes (the graph, the cluster, the seed...) and
+    that differs from it is an error naming the flag (it was silently ignored): the resumed search is the one in
+    DIR. `--out` may only name DIR itself."""
+    from placer.cli import build_parser
+
+    given_out = getattr(args, "out", None)
+    if given_out and Path(given_out).resolve() != out.resolve():
+        raise SearchError(f"--out {given_out}: --resume {out} writes its files in {out}; to search again "
+                          f"elsewhere, start a new search with --out")
+    defaults = vars(build_parser().parse_args(["search"]))
+    for k, v in stored.items():
+        if k in _RESUME_OVERRIDES or k not in defaults or not hasattr(args, k):
+            continue
+        given = getattr(args, k)
+        if given != defaults[k] and given != v:
+            flag = "GRAPH" if k == "graph" else "--" + k.replace("_", "-")
+            raise SearchError(f"{flag} {given}: the search in {out} ran with {v!r}; --resume continues it as it "
+                              f"was (only --budget, --max-updates, --max-evaluations and --patience change): start a "
+                              f"new search with --out for other settings")
 
 
 def _need_hardware(args) -> None:
