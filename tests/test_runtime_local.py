@@ -141,6 +141,32 @@ def test_graph_without_tf_is_rejected():
         LocalRunner(g, "cpu:1")
 
 
+@pytest.mark.parametrize("kw, match", [(dict(runs=0), "runs >= 1"), (dict(warmup=-1), "warmup >= 0"),
+                                       (dict(timeout=0), "--timeout must be positive"),
+                                       (dict(timeout=-1), "--timeout must be positive")])
+def test_settings_that_measure_nothing_are_refused(mlp, kw, match):
+    """--runs 0, --warmup -1, --timeout 0: one error naming the setting, before any child starts (a timeout of 0
+    or less made every measurement a failed placement; `search --runs 0` was silently run with 1)."""
+    from placer.runtime.remote import RemotePool
+
+    with pytest.raises(MeasurementError, match=match):
+        LocalRunner(mlp, "cpu:1", **kw)
+    with pytest.raises(MeasurementError, match=match):
+        RemotePool(mlp, ["127.0.0.1:1"], "cpu:1", **kw)
+
+
+@pytest.mark.parametrize("flag, match", [("--runs", "runs >= 1"), ("--timeout", "--timeout must be positive")])
+def test_search_cli_passes_runs_and_timeout_as_given(tmp_path, capsys, flag, match):
+    """`placer search --reward measure --runs 0` / `--timeout 0` reach the runner's check: one line, exit 2 (they
+    were replaced by the defaults 1 / 600 s, the bad flag silently ignored)."""
+    from placer.cli import main
+
+    rc = main(["search", "--model", "rnnlm", "--size", "tiny", "--devices", "cpu:1", "--reward", "measure", flag,
+               "0", "--budget", "5", "--out", str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and match in err and "Traceback" not in err
+
+
 def test_child_never_outlives_its_parent(tmp_path):
     """A search killed with SIGKILL leaves no TF process behind, even one busy in a hung step."""
     import subprocess
