@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from placer._npz import load_npz
 from placer.errors import PlacerError, SearchError
 from placer.grouped import first_copies
 from placer.placement import Placement, tf_version
@@ -475,7 +476,7 @@ def load_run_problem(run_dir: Path):
     try:
         graph = OpGraph.load(run_dir / RUN_GRAPH)
         cluster = parse_cluster(str(run_dir / RUN_CLUSTER))
-        with np.load(run_dir / RUN_PROBLEM, allow_pickle=False) as z:
+        with load_npz(run_dir / RUN_PROBLEM) as z:
             h = json.loads(z["header"].tobytes().decode())
             a = {k: z[k] for k in z.files if k != "header"}
     except (PlacerError, OSError, ValueError, KeyError) as e:

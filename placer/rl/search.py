@@ -43,6 +43,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from placer._npz import load_npz
 from placer.errors import SearchError, fmt_bytes
 from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
                             failure_reference, first_copies, group_key, grouped_baselines,
@@ -383,7 +384,7 @@ class Search:
             return False
         try:
             state = json.loads(path.read_text())
-            with np.load(path.parent / state["arrays"], allow_pickle=False) as z:
+            with load_npz(path.parent / state["arrays"]) as z:
                 arrays = {k: z[k] for k in z.files}
         except Exception as e:  # truncated/corrupt file: name it
             raise SearchError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
@@ -491,7 +492,7 @@ class Search:
                 return f"checkpoint {path} was made for another grouping of the graph"
             if state.get("agent") is None:
                 return f"checkpoint {path} holds no policy (its search made no update)"
-            with np.load(path.parent / state["arrays"], allow_pickle=False) as z:
+            with load_npz(path.parent / state["arrays"]) as z:
                 weights = {k: z[v] for k, v in state["agent"]["policy"].items()}
         except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: search cold, say why
             return f"cannot read checkpoint {path}: {type(e).__name__}: {e}"

@@ -372,7 +372,7 @@ def analytical_costs(graph: OpGraph, cluster: Cluster, *, cache: bool = True, us
         col = None
         if cache and path.is_file():
             try:
-                col = np.load(path)
+                col = np.load(path, allow_pickle=False)
                 if col.shape != (graph.num_ops,):
                     col = None
             except (OSError, ValueError):
