@@ -150,3 +150,20 @@ def test_resume_keeps_the_model_settings_and_refuses_conflicting_flags(tmp_path,
     assert main(["search", "--resume", str(out)]) == 2
     err = capsys.readouterr().err
     assert "args.json is not the args.json of a search" in err and "Traceback" not in err
+
+
+def test_resume_of_a_search_stopped_before_its_first_checkpoint_starts_it_over(tmp_path, capsys):
+    """Ctrl-C while the graph is imported or the baselines run leaves DIR with args.json only: `--resume DIR`
+    runs that search from the start with its stored flags (it said "no checkpoint to resume", so the interrupted
+    search could not be continued at all)."""
+    from placer.cli import build_parser
+    from placer.cli.search import _save_args
+
+    out = tmp_path / "run"
+    _save_args(out, build_parser().parse_args(["search", "--model", "nmt", "--size", "tiny", "--cluster", "2xK80",
+                                               "--max-updates", "0", "--out", str(out)]))
+    assert main(["search", "--resume", str(out), "--no-progress", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert "holds no checkpoint yet" in cap.err and "starting it over" in cap.err
+    s = json.loads(cap.out.strip().splitlines()[-1])
+    assert s["cluster"] == "2xK80" and s["updates"] == 0 and (out / "checkpoint" / "state.json").is_file()

@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         run = getattr(args, "resume", None) or getattr(args, "out", None)
-        kept = args.command == "search" and run and (Path(run) / "checkpoint" / "state.json").is_file()
+        kept = args.command == "search" and run and (Path(run) / "args.json").is_file()
         print(f"placer {args.command}: interrupted" + (f"; continue with: placer search --resume {run}"
                                                          if kept else ""), file=sys.stderr)
         return 130

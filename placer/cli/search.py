@@ -123,8 +123,18 @@ def run_search(args) -> int:
         raise SearchError(f"--merge-share + --cluster-share must be at most {top:g} (the chain's moves left after "
                           f"its attraction moves), got {merge:g} + {clus:g}")
     out = out_dir(args.out)
+    restart = False     # --resume of a search that stopped before its first checkpoint
+    if resume:
+        from placer.rl.search import CHECKPOINT_FILE, OLD_CHECKPOINT_FILE
+
+        if not any((out / "checkpoint" / f).is_file() for f in (CHECKPOINT_FILE, OLD_CHECKPOINT_FILE)):
+            # stopped before its first checkpoint (while importing the graph or evaluating the baselines): there
+            # is nothing to continue from, so the search starts over with its stored flags
+            print(f"placer search: notice: {out} holds no checkpoint yet (the search stopped before its first "
+                  f"one): starting it over", file=sys.stderr)
+            resume, restart = False, True
     if not resume:
-        if (out / "checkpoint").exists():
+        if not restart and (out / "checkpoint").exists():
             raise SearchError(f"{out} already holds a search; continue it with --resume {out} or pick another --out")
         _save_args(out, args)
     before = _last_summary(out) if resume else None
