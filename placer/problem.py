@@ -148,6 +148,8 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
     """
     if cluster is None and devices is None:
         raise SearchError("give a cluster (simulated hardware, e.g. 4xK80) or devices (real, e.g. cpu:2)")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise SearchError(f"seed must be a non-negative integer, got {seed!r}")   # (numpy's RNGs say no more)
     if cluster is None:
         cluster = cluster_from_devices(devices)
     elif not isinstance(cluster, Cluster):

@@ -66,6 +66,17 @@ def test_placement_naming_ops_not_in_the_graph_is_an_error(tmp_path):
         resolve_placement(str(tmp_path / "placement.json"), g, c)
 
 
+@pytest.mark.parametrize("seed", [-1, 1.5, "3", True])
+def test_bad_seed_is_a_placer_error_naming_it(seed):
+    """placer.place(..., seed=-1) raised numpy's bare ValueError ("expected non-negative integer") from deep in the
+    baselines; the problem's builder now names the seed."""
+    import placer
+    from placer.errors import PlacerError
+
+    with pytest.raises(PlacerError, match=f"seed must be a non-negative integer, got {seed!r}"):
+        placer.place(small_graph(), cluster=small_cluster(), budget_seconds=5, seed=seed)
+
+
 @pytest.mark.parametrize("fn", [single_placement, lambda g, c: random_placement(g, c, 3), round_robin_placement])
 def test_builtin_placements_keep_colocation_and_cpu_only(fn):
     g, c = small_graph(), small_cluster()
