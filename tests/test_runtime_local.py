@@ -111,6 +111,16 @@ def test_out_of_memory_is_a_failed_outcome(monkeypatch):
     assert o.reason.startswith("out of memory on /CPU:0: needs 4.0 TiB for one tensor")  # device and bytes first
 
 
+def test_ctrl_c_is_for_the_parent_not_the_measurement_child(runner, mlp):
+    """A terminal's Ctrl-C (SIGINT to the whole process group) does not cut the child's measurement: the search
+    in the parent finishes its step and checkpoints, and that step's placements are not failures."""
+    assert runner.evaluate([np.zeros(mlp.num_ops, np.int64)])[0].ok
+    pid = runner._child.proc.pid
+    threading.Timer(0.5, lambda: os.kill(pid, signal.SIGINT)).start()
+    o = runner.debug_sleep(1.5)
+    assert o.ok and runner._child is not None and runner._child.proc.pid == pid
+
+
 def test_dead_child_is_replaced(runner, mlp):
     zero = np.zeros(mlp.num_ops, np.int64)
     assert runner.evaluate([zero])[0].ok
