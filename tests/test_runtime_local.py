@@ -37,6 +37,19 @@ def test_device_names():
     assert cpu_split(["/GPU:0", "/CPU:0", "/CPU:3"]) == 4
 
 
+def test_a_cpu_split_too_large_is_one_line(capsys):
+    """--devices cpu:99999 was a MemoryError traceback (a 99999 x 99999 link matrix): now one line naming it."""
+    from placer.cli import main
+    from placer.errors import ClusterError
+
+    assert len(parse_devices("cpu:1024")) == 1024
+    with pytest.raises(ClusterError, match="--devices 'cpu:1025': the CPU can be split into at most 1024"):
+        parse_devices("cpu:1025")
+    assert main(["measure", "--model", "rnnlm", "--size", "tiny", "--devices", "cpu:99999", "--json"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and "cpu:99999" in cap.err and "Traceback" not in cap.err
+
+
 def test_measures_small_graph_on_two_logical_cpus(runner, mlp):
     split = (mlp.colocation % 2).astype(np.int64)          # co-location groups alternate between /CPU:0 and /CPU:1
     assert set(split) == {0, 1}
