@@ -210,25 +210,27 @@ def test_resume_continues_from_checkpoint(tmp_path):
 class InterruptingEvaluator(ToyEvaluator):
     """Sends this process SIGINT (Ctrl-C) on its `at`-th call, as `timeout -s INT` or a user would."""
 
-    def __init__(self, target_ops, at: int):
+    def __init__(self, target_ops, at: int, sig=signal.SIGINT):
         super().__init__(target_ops)
-        self.at = at
+        self.at, self.sig = at, sig
 
     def evaluate(self, placements):
         if self.calls + 1 == self.at:
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(self.sig)
         return super().evaluate(placements)
 
 
-def test_ctrl_c_saves_the_work_since_the_last_checkpoint(tmp_path):
-    """An interrupted search raises KeyboardInterrupt only after checkpointing its updates so far (not just those
-    of the last periodic checkpoint), and a resume continues from there."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_saves_the_work_since_the_last_checkpoint(tmp_path, sig):
+    """An interrupted (SIGINT) or politely killed (SIGTERM) search raises KeyboardInterrupt only after
+    checkpointing its updates so far (not just those of the last periodic checkpoint); a resume continues."""
     gr, ev = _setup()
-    ev = InterruptingEvaluator(ev.target_ops, at=12)
+    ev = InterruptingEvaluator(ev.target_ops, at=12, sig=sig)
     kw = dict(cpu_index=CPU, progress=False, config=ReinforceConfig(seed=1, **SMALL), checkpoint_every=1000)
     with pytest.raises(KeyboardInterrupt):
         run_loop(gr, ev, budget_seconds=120, max_updates=10**6, out_dir=tmp_path, **kw)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handler is restored
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handlers are restored
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["updates"] >= 1 and state["evaluations"] > 1
     s = Search(gr, ev, out_dir=tmp_path, **kw)

@@ -1286,32 +1286,37 @@ class Search:
 
 
 class _DeferredInterrupt:
-    """Ctrl-C (SIGINT) during the search loop: the first only sets `pending`, so that the loop stops at the end of
-    the current update (or local-move batch), saves its checkpoint and then raises KeyboardInterrupt, losing no
-    work done since the last periodic checkpoint; a second Ctrl-C interrupts at once. Active only where Python's
-    default SIGINT handler is installed, in the main thread."""
+    """Ctrl-C (SIGINT) or a polite kill (SIGTERM: `kill PID`, `timeout`, a job scheduler) during the search loop:
+    the first only sets `pending`, so that the loop stops at the end of the current update (or local-move batch),
+    saves its checkpoint and then raises KeyboardInterrupt, losing no work done since the last periodic
+    checkpoint; a second signal interrupts at once. Each signal is taken over only where Python's default
+    handler for it is installed, in the main thread."""
+
+    DEFAULTS = ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))
 
     def __init__(self):
         self.pending = False
-        self._old = None
+        self._old: dict = {}
 
     def __enter__(self) -> "_DeferredInterrupt":
         self.pending = False
-        if threading.current_thread() is threading.main_thread() \
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._old = signal.signal(signal.SIGINT, self._handle)
+        if threading.current_thread() is threading.main_thread():
+            for sig, default in self.DEFAULTS:
+                if signal.getsignal(sig) is default:
+                    self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
         if self.pending:
             raise KeyboardInterrupt
         self.pending = True
-        log.warning("interrupted: finishing the current step to save the checkpoint (Ctrl-C again to stop now)")
+        log.warning("%s: finishing the current step to save the checkpoint (again to stop now)",
+                    "interrupted" if signum == signal.SIGINT else signal.Signals(signum).name)
 
     def __exit__(self, *exc) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-            self._old = None
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
 
 
 def run_loop(grouping, evaluator, *, budget_seconds: float = 300.0, max_updates: int | None = None,
