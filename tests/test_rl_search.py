@@ -239,6 +239,33 @@ def test_ctrl_c_saves_the_work_since_the_last_checkpoint(tmp_path, sig):
     assert res.updates == state["updates"] + 2
 
 
+class CrashingEvaluator(ToyEvaluator):
+    """Fails hard on its `at`-th call, as a kill -9 or a crash would end the process (no handler runs)."""
+
+    def __init__(self, target_ops, at: int):
+        super().__init__(target_ops)
+        self.at = at
+
+    def evaluate(self, placements):
+        if self.calls + 1 == self.at:
+            raise SystemError("crash")
+        return super().evaluate(placements)
+
+
+def test_checkpoints_are_also_timed(tmp_path):
+    """Besides every `checkpoint_every` updates, the loop checkpoints after an update once `checkpoint_seconds`
+    passed since the last save: a crash loses at most about that much work, not `checkpoint_every` updates."""
+    gr, ev = _setup()
+    ev = CrashingEvaluator(ev.target_ops, at=12)
+    s = Search(gr, ev, cpu_index=CPU, progress=False, config=ReinforceConfig(seed=1, **SMALL), checkpoint_every=1000,
+               out_dir=tmp_path)
+    s.checkpoint_seconds = 0.0
+    with pytest.raises(SystemError):
+        s.run(120, max_updates=10**6)
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["updates"] >= 1 and state["updates"] == s.updates
+
+
 _CHILD = textwrap.dedent("""
     import sys, numpy as np
     sys.path.insert(0, {tests!r})

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "state.json"    # scalars, lists, dicts; names the npz that holds the arrays
 CHECKPOINT_FORMAT = 2             # 1 was a pickle (state.pkl): refused with a one-line error
 OLD_CHECKPOINT_FILE = "state.pkl"
+CHECKPOINT_SECONDS = 60.0         # the loop checkpoints every `checkpoint_every` updates or this many seconds
 # the string-valued ReinforceConfig fields and the values the search reads (Search checks them before any work)
 CONFIG_CHOICES = {"baseline_mode": ("ema", "batch"), "local_block": ("linked", "run"),
                   "local_schedule": ("search", "chain"), "pretrained_fit": ("auto", "always", "never")}
@@ -181,6 +182,10 @@ class Search:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
         self.checkpoint_every = max(1, int(checkpoint_every))
+        # ...and after any update once this many seconds passed since the last save: a kill -9 (or a crash) on a
+        # graph whose updates take minutes loses at most about this much, not `checkpoint_every` updates
+        self.checkpoint_seconds = CHECKPOINT_SECONDS
+        self._last_save = time.perf_counter()
         self.device_capacity = None if device_capacity is None else np.asarray(device_capacity, np.float64)
         self.tensorboard = tensorboard
         # called after every update: a non-empty string stops the search with that stop_reason (e.g. the measured
@@ -369,6 +374,7 @@ class Search:
         for old in path.parent.glob("arrays-*.npz"):
             if old.name != npz:
                 old.unlink(missing_ok=True)
+        self._last_save = time.perf_counter()
 
     def load_checkpoint(self) -> bool:
         """Restore from out_dir/checkpoint; False when there is none. A corrupt, foreign or old-format
@@ -1257,7 +1263,8 @@ class Search:
                 bar.update(1)
                 bar.set_postfix(best=f"{self.best_time:.4g}s", policy=f"{self.search_best:.4g}s",
                                 reward=f"{row['reward_mean']:.3g}", evals_s=f"{self.evaluations / max(wall, 1e-9):.1f}")
-                if self.updates % self.checkpoint_every == 0:
+                if self.updates % self.checkpoint_every == 0 \
+                        or time.perf_counter() - self._last_save >= self.checkpoint_seconds:
                     self.save_checkpoint()
                 stop = self.stop_check() if self.stop_check is not None else None
                 if stop:
