@@ -77,6 +77,26 @@ def test_bad_seed_is_a_placer_error_naming_it(seed):
         placer.place(small_graph(), cluster=small_cluster(), budget_seconds=5, seed=seed)
 
 
+def test_place_out_dir_is_checked_before_the_search(tmp_path):
+    """place(..., out_dir=) that is a file failed with NotADirectoryError after the whole search; one that holds
+    a search had that search's files silently overwritten. Both are now one error before any work."""
+    import time
+
+    import placer
+    from placer.errors import OutputError, SearchError
+
+    (tmp_path / "afile").write_text("x")
+    t0 = time.perf_counter()
+    with pytest.raises(OutputError, match="afile.*cannot create it or write in it"):
+        placer.place(small_graph(), cluster=small_cluster(), budget_seconds=30, out_dir=tmp_path / "afile")
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    with pytest.raises(SearchError, match="already holds a search"):
+        placer.place(small_graph(), cluster=small_cluster(), budget_seconds=30, out_dir=tmp_path / "run")
+    with pytest.raises(SearchError, match="already holds a search"):
+        placer.replace(tmp_path / "run", ["/GPU:1"], budget_seconds=30, out_dir=tmp_path / "run")
+    assert time.perf_counter() - t0 < 20          # no 30-second search ran first
+
+
 @pytest.mark.parametrize("fn", [single_placement, lambda g, c: random_placement(g, c, 3), round_robin_placement])
 def test_builtin_placements_keep_colocation_and_cpu_only(fn):
     g, c = small_graph(), small_cluster()
