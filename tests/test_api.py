@@ -66,6 +66,16 @@ def test_placement_naming_ops_not_in_the_graph_is_an_error(tmp_path):
         resolve_placement(str(tmp_path / "placement.json"), g, c)
 
 
+@pytest.mark.parametrize("max_groups", [0, -2, 2.5])
+def test_bad_max_groups_is_an_error_naming_it(max_groups):
+    """place(..., max_groups=0) was silently taken as the default (the CLI's --groups 0 is refused)."""
+    import placer
+    from placer.errors import PlacerError
+
+    with pytest.raises(PlacerError, match=f"max_groups must be a positive integer .*got {max_groups!r}"):
+        placer.place(small_graph(), cluster=small_cluster(), budget_seconds=5, max_groups=max_groups)
+
+
 @pytest.mark.parametrize("seed", [-1, 1.5, "3", True])
 def test_bad_seed_is_a_placer_error_naming_it(seed):
     """placer.place(..., seed=-1) raised numpy's bare ValueError ("expected non-negative integer") from deep in the
