@@ -266,6 +266,16 @@ def test_checkpoints_are_also_timed(tmp_path):
     assert state["updates"] >= 1 and state["updates"] == s.updates
 
 
+def test_nothing_fits_never_counts_negative_samples():
+    """Baselines that share one placement are measured once, so evaluations < baselines: the message said
+    "11 baseline(s) and -1 sampled placement(s) tried"."""
+    gr, ev = _setup()
+    s = Search(gr, ev, cpu_index=CPU, progress=False, config=ReinforceConfig(seed=1, **SMALL))
+    s.baselines = {f"b{i}": None for i in range(11)}
+    s.evaluations = 10
+    assert "11 baseline(s) and 0 sampled placement(s) tried" in str(s._nothing_fits())
+
+
 _CHILD = textwrap.dedent("""
     import sys, numpy as np
     sys.path.insert(0, {tests!r})

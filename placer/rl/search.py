@@ -1151,7 +1151,9 @@ class Search:
                             if self.config.local_moves > 0 else {}, best_curve=[list(p) for p in self.best_curve])
 
     def _nothing_fits(self) -> SearchError:
-        tried = f"{len(self.baselines)} baseline(s) and {self.evaluations - len(self.baselines)} sampled placement(s)"
+        # baselines that share a placement are evaluated once (measured rounds): never a negative sample count
+        sampled = max(0, self.evaluations - len(self.baselines))
+        tried = f"{len(self.baselines)} baseline(s) and {sampled} sampled placement(s)"
         if self._oom_seen:
             ratio, d, used, cap = min(self._oom_seen)
             return SearchError(
