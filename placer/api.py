@@ -11,7 +11,7 @@ from placer.graphs.opgraph import OpGraph
 from placer.placement import (BUILTIN_PLACEMENTS, DeviceFunction, Placement, random_placement,  # noqa: F401
                               round_robin_placement, single_placement)
 from placer.problem import build_problem, resolve_placement  # noqa: F401
-from placer.search import SearchResult, search
+from placer.search import SearchResult, new_run_dir, search
 from placer.search import replace as _replace
 
 __all__ = ["place", "replace", "Placement", "SearchResult", "resolve_placement"]
@@ -45,6 +45,8 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
         raise PlacerError("place() needs exactly one of cluster= (simulated hardware) or devices= (real devices)")
     if reward == "measure" and devices is None and not workers:
         raise PlacerError("reward='measure' needs real devices: devices=... (local) or workers=[...]")
+    if out_dir is not None:
+        new_run_dir(out_dir)       # now, not after the search: a bad or used directory never costs the budget
     from placer._tf import hide_gpus
 
     hide_gpus()        # this process's TF stays off the GPUs the measured graphs need
@@ -88,6 +90,8 @@ def replace(result_or_run_dir, exclude, *, budget_seconds: float = 60, out_dir=N
     answer first (`.extra["quick_s"]`), then `budget_seconds` of search from the run's own policy.
     `result_or_run_dir`: the directory a search wrote (`place(..., out_dir=DIR)`, `placer search --out DIR`) or
     the SearchResult of such a search. See `placer.search.replace`."""
+    if out_dir is not None:
+        new_run_dir(out_dir)
     from placer._tf import hide_gpus
 
     hide_gpus()

@@ -285,6 +285,9 @@ def load_results(path: Path) -> list[dict]:
         raise SearchError(f"cannot read {path}: {e} (move it away to start over)") from e
     if not isinstance(data, list):
         raise SearchError(f"{path} is not a list of cells (move it away to start over)")
+    bad = next((i for i, c in enumerate(data) if not isinstance(c, dict)), None)
+    if bad is not None:
+        raise SearchError(f"{path}: entry #{bad} is not a cell (a JSON object) (move the file away to start over)")
     return data
 
 

@@ -74,6 +74,11 @@ class Placement:
                 raise PlacementError(f"op {nm!r} is placed on {d!r}, which is not one of the devices "
                                      f"{list(devices)}")
             out[i] = j
+        if len(self.mapping) > graph.num_ops:    # every graph op was found, so some names are not the graph's
+            known = set(graph.names)
+            extra = [nm for nm in self.mapping if nm not in known]
+            raise PlacementError(f"the placement names op {extra[0]!r}, which is not in graph {graph.name!r}"
+                                 + (f" (nor are {len(extra) - 1} more of its ops)" if len(extra) > 1 else ""))
         return out
 
     def check_graph(self, graph: OpGraph) -> None:

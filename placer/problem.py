@@ -148,6 +148,11 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
     """
     if cluster is None and devices is None:
         raise SearchError("give a cluster (simulated hardware, e.g. 4xK80) or devices (real, e.g. cpu:2)")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise SearchError(f"seed must be a non-negative integer, got {seed!r}")   # (numpy's RNGs say no more)
+    if max_groups is not None and (isinstance(max_groups, bool) or not isinstance(max_groups, (int, np.integer))
+                                   or max_groups < 1):
+        raise SearchError(f"max_groups must be a positive integer (or None: the default), got {max_groups!r}")
     if cluster is None:
         cluster = cluster_from_devices(devices)
     elif not isinstance(cluster, Cluster):

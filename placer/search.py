@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from placer._npz import load_npz
 from placer.errors import PlacerError, SearchError
 from placer.grouped import first_copies
 from placer.placement import Placement, tf_version
@@ -242,6 +243,27 @@ def versions() -> dict[str, str]:
     from placer._version import __version__
 
     return {"placer": __version__, "tensorflow": tf_version()}
+
+
+def new_run_dir(out_dir, name: str = "out_dir") -> Path:
+    """Check, before any work, that `out_dir` can hold a new run: created (with its parents) and writable, and not
+    already holding a search (its checkpoint/), whose files a new run would silently overwrite. OutputError or
+    SearchError naming the directory (the library's counterpart of the CLI's --out checks)."""
+    import tempfile
+
+    from placer.errors import OutputError
+
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as e:
+        reason = "a file stands there" if isinstance(e, FileExistsError) else e.strerror or str(e)
+        raise OutputError(f"{name}={str(out_dir)!r}: cannot create it or write in it: {reason}") from None
+    if (out / "checkpoint").exists():
+        raise SearchError(f"{name}={str(out_dir)!r} already holds a search, whose files a new run would overwrite: "
+                          f"pick another directory")
+    return out
 
 
 def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", budget_seconds: float = 300,
@@ -475,7 +497,7 @@ def load_run_problem(run_dir: Path):
     try:
         graph = OpGraph.load(run_dir / RUN_GRAPH)
         cluster = parse_cluster(str(run_dir / RUN_CLUSTER))
-        with np.load(run_dir / RUN_PROBLEM, allow_pickle=False) as z:
+        with load_npz(run_dir / RUN_PROBLEM) as z:
             h = json.loads(z["header"].tobytes().decode())
             a = {k: z[k] for k in z.files if k != "header"}
     except (PlacerError, OSError, ValueError, KeyError) as e:

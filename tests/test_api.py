@@ -55,6 +55,58 @@ def test_unknown_device_and_unknown_spec_named():
         Placement.load("/nonexistent/placement.json")
 
 
+def test_placement_naming_ops_not_in_the_graph_is_an_error(tmp_path):
+    """A (hand-edited) placement file that names an op the graph does not have is refused, naming the op, even
+    when it places every op of the graph."""
+    g, c = small_graph(), small_cluster()
+    p = Placement.from_indices(g, c.device_names, round_robin_placement(g, c))
+    p.mapping["no/such/op"] = c.device_names[0]
+    p.save(tmp_path / "placement.json")
+    with pytest.raises(PlacementError, match="'no/such/op', which is not in graph"):
+        resolve_placement(str(tmp_path / "placement.json"), g, c)
+
+
+@pytest.mark.parametrize("max_groups", [0, -2, 2.5])
+def test_bad_max_groups_is_an_error_naming_it(max_groups):
+    """place(..., max_groups=0) was silently taken as the default (the CLI's --groups 0 is refused)."""
+    import placer
+    from placer.errors import PlacerError
+
+    with pytest.raises(PlacerError, match=f"max_groups must be a positive integer .*got {max_groups!r}"):
+        placer.place(small_graph(), cluster=small_cluster(), budget_seconds=5, max_groups=max_groups)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "3", True])
+def test_bad_seed_is_a_placer_error_naming_it(seed):
+    """placer.place(..., seed=-1) raised numpy's bare ValueError ("expected non-negative integer") from deep in the
+    baselines; the problem's builder now names the seed."""
+    import placer
+    from placer.errors import PlacerError
+
+    with pytest.raises(PlacerError, match=f"seed must be a non-negative integer, got {seed!r}"):
+        placer.place(small_graph(), cluster=small_cluster(), budget_seconds=5, seed=seed)
+
+
+def test_place_out_dir_is_checked_before_the_search(tmp_path):
+    """place(..., out_dir=) that is a file failed with NotADirectoryError after the whole search; one that holds
+    a search had that search's files silently overwritten. Both are now one error before any work."""
+    import time
+
+    import placer
+    from placer.errors import OutputError, SearchError
+
+    (tmp_path / "afile").write_text("x")
+    t0 = time.perf_counter()
+    with pytest.raises(OutputError, match="afile.*cannot create it or write in it"):
+        placer.place(small_graph(), cluster=small_cluster(), budget_seconds=30, out_dir=tmp_path / "afile")
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    with pytest.raises(SearchError, match="already holds a search"):
+        placer.place(small_graph(), cluster=small_cluster(), budget_seconds=30, out_dir=tmp_path / "run")
+    with pytest.raises(SearchError, match="already holds a search"):
+        placer.replace(tmp_path / "run", ["/GPU:1"], budget_seconds=30, out_dir=tmp_path / "run")
+    assert time.perf_counter() - t0 < 20          # no 30-second search ran first
+
+
 @pytest.mark.parametrize("fn", [single_placement, lambda g, c: random_placement(g, c, 3), round_robin_placement])
 def test_builtin_placements_keep_colocation_and_cpu_only(fn):
     g, c = small_graph(), small_cluster()

@@ -49,6 +49,17 @@ def test_worker_port_out_of_range_is_one_line(listen):
         serve(listen, block=False)
 
 
+@pytest.mark.parametrize("timeout", ["0", "-5"])
+def test_worker_timeout_that_cuts_every_measurement_is_one_line(timeout, capsys):
+    """`placer worker --timeout 0` ran with 600 s (0 was replaced by the default); a negative one cut every
+    measurement. Both are now refused at start, naming the flag."""
+    from placer.cli import main
+
+    assert main(["worker", "--listen", "127.0.0.1:0", "--timeout", timeout]) == 2
+    err = capsys.readouterr().err
+    assert f"--timeout must be positive seconds, got {float(timeout)}" in err and err.count("\n") == 1
+
+
 def test_simulate_anneal_placement_as_cli_md_says(capsys):
     import json
 

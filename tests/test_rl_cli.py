@@ -124,3 +124,46 @@ def test_resume_with_a_budget_continues_to_that_total_or_says_why_not(tmp_path, 
     assert main(["search", "--resume", str(out), "--budget", f"{more}", "--json"]) == 0
     s2 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert s2["evaluations"] > s["evaluations"] and s2["stop_reason"] == "budget" and s2["wall_s"] >= more
+
+
+def test_resume_keeps_the_model_settings_and_refuses_conflicting_flags(tmp_path, capsys):
+    """args.json keeps every flag that shapes the search (--precision, --layers, --local-moves... were lost, so a
+    resumed fp16 search rebuilt the fp32 graph and failed); a flag given with --resume that contradicts the
+    stored search (--cluster 4xK80 on a 2xK80 search, another --out) is an error naming it, not silently
+    ignored; an args.json that is no JSON object is one line, not a traceback."""
+    from placer.cli import build_parser
+    from placer.cli.search import _load_args, _save_args
+
+    out = tmp_path / "run"
+    _save_args(out, build_parser().parse_args(["search", "--model", "gpt", "--size", "tiny", "--precision", "fp16",
+                                               "--layers", "2", "--local-moves", "0", "--cluster", "2xK80",
+                                               "--out", str(out)]))
+    back = _load_args(out, build_parser().parse_args(["search", "--resume", str(out), "--budget", "9"]))
+    assert (back.precision, back.layers, back.local_moves, back.cluster) == ("fp16", 2, 0, "2xK80")
+    (out / "checkpoint").mkdir()
+    for extra, flag in ((["--cluster", "4xK80"], "--cluster 4xK80"), (["--seed", "3"], "--seed 3"),
+                        (["--out", str(tmp_path / "elsewhere")], "--out")):
+        assert main(["search", "--resume", str(out), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and flag in err and "Traceback" not in err
+    (out / "args.json").write_text("[1]")
+    assert main(["search", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "args.json is not the args.json of a search" in err and "Traceback" not in err
+
+
+def test_resume_of_a_search_stopped_before_its_first_checkpoint_starts_it_over(tmp_path, capsys):
+    """Ctrl-C while the graph is imported or the baselines run leaves DIR with args.json only: `--resume DIR`
+    runs that search from the start with its stored flags (it said "no checkpoint to resume", so the interrupted
+    search could not be continued at all)."""
+    from placer.cli import build_parser
+    from placer.cli.search import _save_args
+
+    out = tmp_path / "run"
+    _save_args(out, build_parser().parse_args(["search", "--model", "nmt", "--size", "tiny", "--cluster", "2xK80",
+                                               "--max-updates", "0", "--out", str(out)]))
+    assert main(["search", "--resume", str(out), "--no-progress", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert "holds no checkpoint yet" in cap.err and "starting it over" in cap.err
+    s = json.loads(cap.out.strip().splitlines()[-1])
+    assert s["cluster"] == "2xK80" and s["updates"] == 0 and (out / "checkpoint" / "state.json").is_file()

@@ -207,6 +207,75 @@ def test_resume_continues_from_checkpoint(tmp_path):
         run_loop(other, ev, budget_seconds=10, out_dir=tmp_path, resume=True, **kw)
 
 
+class InterruptingEvaluator(ToyEvaluator):
+    """Sends this process SIGINT (Ctrl-C) on its `at`-th call, as `timeout -s INT` or a user would."""
+
+    def __init__(self, target_ops, at: int, sig=signal.SIGINT):
+        super().__init__(target_ops)
+        self.at, self.sig = at, sig
+
+    def evaluate(self, placements):
+        if self.calls + 1 == self.at:
+            signal.raise_signal(self.sig)
+        return super().evaluate(placements)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_saves_the_work_since_the_last_checkpoint(tmp_path, sig):
+    """An interrupted (SIGINT) or politely killed (SIGTERM) search raises KeyboardInterrupt only after
+    checkpointing its updates so far (not just those of the last periodic checkpoint); a resume continues."""
+    gr, ev = _setup()
+    ev = InterruptingEvaluator(ev.target_ops, at=12, sig=sig)
+    kw = dict(cpu_index=CPU, progress=False, config=ReinforceConfig(seed=1, **SMALL), checkpoint_every=1000)
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(gr, ev, budget_seconds=120, max_updates=10**6, out_dir=tmp_path, **kw)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handlers are restored
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["updates"] >= 1 and state["evaluations"] > 1
+    s = Search(gr, ev, out_dir=tmp_path, **kw)
+    assert s.load_checkpoint() and s.updates == state["updates"]
+    res = s.run(120, max_updates=state["updates"] + 2)
+    assert res.updates == state["updates"] + 2
+
+
+class CrashingEvaluator(ToyEvaluator):
+    """Fails hard on its `at`-th call, as a kill -9 or a crash would end the process (no handler runs)."""
+
+    def __init__(self, target_ops, at: int):
+        super().__init__(target_ops)
+        self.at = at
+
+    def evaluate(self, placements):
+        if self.calls + 1 == self.at:
+            raise SystemError("crash")
+        return super().evaluate(placements)
+
+
+def test_checkpoints_are_also_timed(tmp_path):
+    """Besides every `checkpoint_every` updates, the loop checkpoints after an update once `checkpoint_seconds`
+    passed since the last save: a crash loses at most about that much work, not `checkpoint_every` updates."""
+    gr, ev = _setup()
+    ev = CrashingEvaluator(ev.target_ops, at=12)
+    s = Search(gr, ev, cpu_index=CPU, progress=False, config=ReinforceConfig(seed=1, **SMALL), checkpoint_every=1000,
+               out_dir=tmp_path)
+    s.checkpoint_seconds = 0.0
+    with pytest.raises(SystemError):
+        s.run(120, max_updates=10**6)
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["updates"] >= 1 and state["updates"] == s.updates
+
+
+def test_nothing_fits_never_counts_negative_samples():
+    """Baselines that share one placement are measured once, so evaluations < baselines: the message said
+    "11 baseline(s) and -1 sampled placement(s) tried"."""
+    gr, ev = _setup()
+    s = Search(gr, ev, cpu_index=CPU, progress=False, config=ReinforceConfig(seed=1, **SMALL))
+    s.baselines = {f"b{i}": None for i in range(11)}
+    s.evaluations = 10
+    assert "11 baseline(s) and 0 sampled placement(s) tried" in str(s._nothing_fits())
+
+
 _CHILD = textwrap.dedent("""
     import sys, numpy as np
     sys.path.insert(0, {tests!r})

@@ -37,6 +37,19 @@ def test_device_names():
     assert cpu_split(["/GPU:0", "/CPU:0", "/CPU:3"]) == 4
 
 
+def test_a_cpu_split_too_large_is_one_line(capsys):
+    """--devices cpu:99999 was a MemoryError traceback (a 99999 x 99999 link matrix): now one line naming it."""
+    from placer.cli import main
+    from placer.errors import ClusterError
+
+    assert len(parse_devices("cpu:1024")) == 1024
+    with pytest.raises(ClusterError, match="--devices 'cpu:1025': the CPU can be split into at most 1024"):
+        parse_devices("cpu:1025")
+    assert main(["measure", "--model", "rnnlm", "--size", "tiny", "--devices", "cpu:99999", "--json"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and "cpu:99999" in cap.err and "Traceback" not in cap.err
+
+
 def test_measures_small_graph_on_two_logical_cpus(runner, mlp):
     split = (mlp.colocation % 2).astype(np.int64)          # co-location groups alternate between /CPU:0 and /CPU:1
     assert set(split) == {0, 1}
@@ -111,6 +124,16 @@ def test_out_of_memory_is_a_failed_outcome(monkeypatch):
     assert o.reason.startswith("out of memory on /CPU:0: needs 4.0 TiB for one tensor")  # device and bytes first
 
 
+def test_ctrl_c_is_for_the_parent_not_the_measurement_child(runner, mlp):
+    """A terminal's Ctrl-C (SIGINT to the whole process group) does not cut the child's measurement: the search
+    in the parent finishes its step and checkpoints, and that step's placements are not failures."""
+    assert runner.evaluate([np.zeros(mlp.num_ops, np.int64)])[0].ok
+    pid = runner._child.proc.pid
+    threading.Timer(0.5, lambda: os.kill(pid, signal.SIGINT)).start()
+    o = runner.debug_sleep(1.5)
+    assert o.ok and runner._child is not None and runner._child.proc.pid == pid
+
+
 def test_dead_child_is_replaced(runner, mlp):
     zero = np.zeros(mlp.num_ops, np.int64)
     assert runner.evaluate([zero])[0].ok
@@ -139,6 +162,32 @@ def test_graph_without_tf_is_rejected():
     g = OpGraph.build([("a", "Const", 4)])
     with pytest.raises(MeasurementError, match="no runnable"):
         LocalRunner(g, "cpu:1")
+
+
+@pytest.mark.parametrize("kw, match", [(dict(runs=0), "runs >= 1"), (dict(warmup=-1), "warmup >= 0"),
+                                       (dict(timeout=0), "--timeout must be positive"),
+                                       (dict(timeout=-1), "--timeout must be positive")])
+def test_settings_that_measure_nothing_are_refused(mlp, kw, match):
+    """--runs 0, --warmup -1, --timeout 0: one error naming the setting, before any child starts (a timeout of 0
+    or less made every measurement a failed placement; `search --runs 0` was silently run with 1)."""
+    from placer.runtime.remote import RemotePool
+
+    with pytest.raises(MeasurementError, match=match):
+        LocalRunner(mlp, "cpu:1", **kw)
+    with pytest.raises(MeasurementError, match=match):
+        RemotePool(mlp, ["127.0.0.1:1"], "cpu:1", **kw)
+
+
+@pytest.mark.parametrize("flag, match", [("--runs", "runs >= 1"), ("--timeout", "--timeout must be positive")])
+def test_search_cli_passes_runs_and_timeout_as_given(tmp_path, capsys, flag, match):
+    """`placer search --reward measure --runs 0` / `--timeout 0` reach the runner's check: one line, exit 2 (they
+    were replaced by the defaults 1 / 600 s, the bad flag silently ignored)."""
+    from placer.cli import main
+
+    rc = main(["search", "--model", "rnnlm", "--size", "tiny", "--devices", "cpu:1", "--reward", "measure", flag,
+               "0", "--budget", "5", "--out", str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and match in err and "Traceback" not in err
 
 
 def test_child_never_outlives_its_parent(tmp_path):

@@ -131,6 +131,17 @@ def test_json_device_figure_that_is_no_number_names_file_device_and_field(tmp_pa
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("name", ["bogus", "GPU0", "/GPU:x", ""])
+def test_json_device_name_that_is_no_tf_device_names_file_and_device(tmp_path, name):
+    """A cluster JSON device must be named as TF names devices (its placements are applied and measured by
+    that name): anything else is one line naming the file and the name, never a silently simulated cluster."""
+    p = tmp_path / "cl.json"
+    p.write_text(json.dumps({"devices": [{"name": "/GPU:0", "kind": "K80"}, {"name": name, "kind": "K80"}]}))
+    with pytest.raises(ClusterError, match=f"cl.json: device #1: '{name}' is not a TensorFlow device name") as e:
+        parse_cluster(str(p))
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("obj", [{"foo": 1}, {"devices": []}])
 def test_json_without_devices_is_one_line(tmp_path, obj):
     p = tmp_path / "cl.json"

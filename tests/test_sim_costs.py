@@ -65,6 +65,20 @@ def test_save_load_round_trip_and_other_graph_error(tmp_path, suffix):
         CostTable.load(tmp_path / "junk.npz", g)
 
 
+@pytest.mark.parametrize("content, reason", [
+    (b"garbage", "is not a cost table \\(neither JSON nor an npz"),
+    (b"\x80\x04\x95pickle", "is not a cost table \\(neither JSON nor an npz"),
+    (b'{"a": 1}', "it has no 'graph_fingerprint' field")])
+def test_file_that_is_no_cost_table_says_so(tmp_path, content, reason):
+    """Neither the advice to load a file `allow_pickle` (numpy's words for any non-npz file) nor a bare KeyError:
+    one line naming the file and what is wrong with it."""
+    p = tmp_path / "costs.json"
+    p.write_bytes(content)
+    with pytest.raises(CostTableError, match=f"costs.json.*{reason}") as e:
+        CostTable.load(p, hand_graph())
+    assert "pickle" not in str(e.value)
+
+
 def test_analytical_is_cached_per_kind():
     g = hand_graph()
     cl = parse_cluster("2xV100")

@@ -336,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"placer {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"placer {args.command}: interrupted", file=sys.stderr)
+        run = getattr(args, "resume", None) or getattr(args, "out", None)
+        kept = args.command == "search" and run and (Path(run) / "args.json").is_file()
+        print(f"placer {args.command}: interrupted" + (f"; continue with: placer search --resume {run}"
+                                                         if kept else ""), file=sys.stderr)
         return 130
 
 

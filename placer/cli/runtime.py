@@ -121,7 +121,7 @@ def run_worker(args) -> int:
     token = read_token(args.token_file)
     serve(args.listen, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
           allow_unsafe_ops=args.allow_unsafe_ops, devices=args.devices, block=True,
-          timeout=getattr(args, "timeout", 600.0) or 600.0)
+          timeout=600.0 if getattr(args, "timeout", None) is None else args.timeout)
     sys.stdout.flush()
     return 0
 

@@ -22,7 +22,10 @@ DEFAULT_BUDGET = 300.0      # `placer search --budget` (CLI.md)
 # args stored for --resume (everything `placer search` reads)
 _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
                 "token_file", "costs", "budget", "max_updates", "max_evaluations", "patience", "groups", "seed", "out",
-                "no_progress", "json", "remeasure", "warmup", "runs", "timeout", "policy", "split_groups")
+                "no_progress", "json", "remeasure", "warmup", "runs", "timeout", "policy", "split_groups",
+                "precision", "layers", "local_moves", "merge_share", "cluster_share")
+# what `--resume DIR` may change; every other stored flag given again must match the stored search
+_RESUME_OVERRIDES = ("budget", "max_updates", "max_evaluations", "patience", "json", "no_progress", "out")
 
 
 def _save_args(out: Path, args) -> None:
@@ -39,10 +42,42 @@ def _load_args(out: Path, args):
         d = json.loads(p.read_text())
     except ValueError as e:
         raise SearchError(f"{p} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise SearchError(f"{p} is not the {ARGS_FILE} of a search (expected a JSON object of its flags)")
+    _check_resume_flags(out, args, d)
     for k, v in d.items():
         setattr(args, k, v)
     args.out = str(out)
     return args
+
+
+def _check_resume_flags(out: Path, args, stored: dict) -> None:
+    """A flag given with `--resume DIR` that the stored search fixes (the graph, the cluster, the seed...) and
+    that differs from it is an error naming the flag (it was silently ignored): the resumed search is the one in
+    DIR. `--out` may only name DIR itself."""
+    from placer.cli import build_parser
+
+    given_out = getattr(args, "out", None)
+    if given_out and Path(given_out).resolve() != out.resolve():
+        raise SearchError(f"--out {given_out}: --resume {out} writes its files in {out}; to search again "
+                          f"elsewhere, start a new search with --out")
+    defaults = vars(build_parser().parse_args(["search"]))
+    for k, v in stored.items():
+        if k in _RESUME_OVERRIDES or k not in defaults or not hasattr(args, k):
+            continue
+        given = getattr(args, k)
+        if given != defaults[k] and given != v:
+            flag = "GRAPH" if k == "graph" else "--" + k.replace("_", "-")
+            raise SearchError(f"{flag} {given}: the search in {out} ran with {v!r}; --resume continues it as it "
+                              f"was (only --budget, --max-updates, --max-evaluations and --patience change): start a "
+                              f"new search with --out for other settings")
+
+
+def _flag(args, name: str, default):
+    """args.NAME, or `default` when it is absent or None (an args.json from before the flag): never a 0 replaced
+    by the default, so a bad --runs 0 / --timeout 0 reaches the runner's check and is reported."""
+    v = getattr(args, name, None)
+    return default if v is None else v
 
 
 def _need_hardware(args) -> None:
@@ -88,8 +123,18 @@ def run_search(args) -> int:
         raise SearchError(f"--merge-share + --cluster-share must be at most {top:g} (the chain's moves left after "
                           f"its attraction moves), got {merge:g} + {clus:g}")
     out = out_dir(args.out)
+    restart = False     # --resume of a search that stopped before its first checkpoint
+    if resume:
+        from placer.rl.search import CHECKPOINT_FILE, OLD_CHECKPOINT_FILE
+
+        if not any((out / "checkpoint" / f).is_file() for f in (CHECKPOINT_FILE, OLD_CHECKPOINT_FILE)):
+            # stopped before its first checkpoint (while importing the graph or evaluating the baselines): there
+            # is nothing to continue from, so the search starts over with its stored flags
+            print(f"placer search: notice: {out} holds no checkpoint yet (the search stopped before its first "
+                  f"one): starting it over", file=sys.stderr)
+            resume, restart = False, True
     if not resume:
-        if (out / "checkpoint").exists():
+        if not restart and (out / "checkpoint").exists():
             raise SearchError(f"{out} already holds a search; continue it with --resume {out} or pick another --out")
         _save_args(out, args)
     before = _last_summary(out) if resume else None
@@ -116,8 +161,8 @@ def run_search(args) -> int:
 
             evaluator = make_evaluator(graph, args.devices if args.devices else problem.device_names,
                                        workers=args.workers, token_file=args.token_file,
-                                       warmup=int(getattr(args, "warmup", 2) or 0), runs=int(getattr(args, "runs", 5) or 1),
-                                       timeout=float(getattr(args, "timeout", 600.0) or 600.0))
+                                       warmup=int(_flag(args, "warmup", 2)), runs=int(_flag(args, "runs", 5)),
+                                       timeout=float(_flag(args, "timeout", 600.0)))
         config = None
         overrides = {**({} if getattr(args, "local_moves", None) is None else {"local_moves": int(args.local_moves)}),
                      **({} if merge is None else {"local_merge_prob": float(merge)}),

@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from placer._npz import load_npz
 from placer.errors import GraphImportError
 
 
@@ -274,7 +275,7 @@ class OpGraph:
         """Read a file written by :meth:`save` (``allow_pickle=False``); GraphImportError when it is unreadable,
         inconsistent or of another format."""
         try:
-            with np.load(path, allow_pickle=False) as z:
+            with load_npz(path) as z:
                 h = json.loads(z["header"].tobytes().decode())
                 if h.get("format") != OpGraph.SAVE_FORMAT:
                     raise ValueError(f"format {h.get('format')!r}, expected {OpGraph.SAVE_FORMAT}")

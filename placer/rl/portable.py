@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from placer._npz import load_npz
 from placer.errors import SearchError
 from placer.rl.policy import _NEG, POLICY_DEVICE, PolicyCommon, _glorot, _lstm_bias, _lstm_gates, _lstm_seq, _loop
 
@@ -212,7 +213,7 @@ class PortableWeights(tf.Module):
             raise SearchError(f"{d} holds a policy of format version {head.get('version')} with other features; this "
                               f"placer reads version {VERSION}: pretrain again (placer pretrain --out DIR)")
         try:
-            with np.load(npz_p, allow_pickle=False) as z:
+            with load_npz(npz_p) as z:
                 state = {k: z[k] for k in z.files}
         except Exception as e:     # a truncated or foreign file: numpy raises several kinds
             raise SearchError(f"{npz_p} cannot be read as policy weights: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None

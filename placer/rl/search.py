@@ -33,7 +33,9 @@ import io
 import json
 import logging
 import os
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, replace as dc_replace
 from pathlib import Path
@@ -41,6 +43,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from placer._npz import load_npz
 from placer.errors import SearchError, fmt_bytes
 from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
                             failure_reference, first_copies, group_key, grouped_baselines,
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "state.json"    # scalars, lists, dicts; names the npz that holds the arrays
 CHECKPOINT_FORMAT = 2             # 1 was a pickle (state.pkl): refused with a one-line error
 OLD_CHECKPOINT_FILE = "state.pkl"
+CHECKPOINT_SECONDS = 60.0         # the loop checkpoints every `checkpoint_every` updates or this many seconds
 # the string-valued ReinforceConfig fields and the values the search reads (Search checks them before any work)
 CONFIG_CHOICES = {"baseline_mode": ("ema", "batch"), "local_block": ("linked", "run"),
                   "local_schedule": ("search", "chain"), "pretrained_fit": ("auto", "always", "never")}
@@ -178,6 +182,10 @@ class Search:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
         self.checkpoint_every = max(1, int(checkpoint_every))
+        # ...and after any update once this many seconds passed since the last save: a kill -9 (or a crash) on a
+        # graph whose updates take minutes loses at most about this much, not `checkpoint_every` updates
+        self.checkpoint_seconds = CHECKPOINT_SECONDS
+        self._last_save = time.perf_counter()
         self.device_capacity = None if device_capacity is None else np.asarray(device_capacity, np.float64)
         self.tensorboard = tensorboard
         # called after every update: a non-empty string stops the search with that stop_reason (e.g. the measured
@@ -255,6 +263,7 @@ class Search:
         #                                               group (`local_policy_prob`; `_note_policy_samples`)
         self._cluster_levels: list[np.ndarray] | None = None   # the cluster moves' levels (`_clusters`)
         self._local_seen: set[bytes] = set()   # group placements the chain evaluated (not checkpointed)
+        self._interrupt = _DeferredInterrupt()   # Ctrl-C in the loop: stop after the current step, checkpointed
         self._cands: list = []         # the chain's last batch of neighbours (_chain_batch) and their charged
         self._cands_charged = np.empty(0)   # step times, for _chain_accept
         self._budget: tuple[float | None, int | None] = (None, None)   # run()'s budget, for the chain's schedule
@@ -365,6 +374,7 @@ class Search:
         for old in path.parent.glob("arrays-*.npz"):
             if old.name != npz:
                 old.unlink(missing_ok=True)
+        self._last_save = time.perf_counter()
 
     def load_checkpoint(self) -> bool:
         """Restore from out_dir/checkpoint; False when there is none. A corrupt, foreign or old-format
@@ -380,7 +390,7 @@ class Search:
             return False
         try:
             state = json.loads(path.read_text())
-            with np.load(path.parent / state["arrays"], allow_pickle=False) as z:
+            with load_npz(path.parent / state["arrays"]) as z:
                 arrays = {k: z[k] for k in z.files}
         except Exception as e:  # truncated/corrupt file: name it
             raise SearchError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
@@ -488,7 +498,7 @@ class Search:
                 return f"checkpoint {path} was made for another grouping of the graph"
             if state.get("agent") is None:
                 return f"checkpoint {path} holds no policy (its search made no update)"
-            with np.load(path.parent / state["arrays"], allow_pickle=False) as z:
+            with load_npz(path.parent / state["arrays"]) as z:
                 weights = {k: z[v] for k, v in state["agent"]["policy"].items()}
         except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: search cold, say why
             return f"cannot read checkpoint {path}: {type(e).__name__}: {e}"
@@ -803,7 +813,9 @@ class Search:
 
         def wanted() -> int:
             """How many more moves to draw: the rest of `local_moves` (n is within `limit`), then batches while the
-            chain is under its share of the wall time, within the budget and `limit`."""
+            chain is under its share of the wall time, within the budget and `limit`; none once interrupted."""
+            if self._interrupt.pending:
+                return 0
             if drawn < n:
                 return n - drawn
             if share <= 0:
@@ -1140,7 +1152,9 @@ class Search:
                             if self.config.local_moves > 0 else {}, best_curve=[list(p) for p in self.best_curve])
 
     def _nothing_fits(self) -> SearchError:
-        tried = f"{len(self.baselines)} baseline(s) and {self.evaluations - len(self.baselines)} sampled placement(s)"
+        # baselines that share a placement are evaluated once (measured rounds): never a negative sample count
+        sampled = max(0, self.evaluations - len(self.baselines))
+        tried = f"{len(self.baselines)} baseline(s) and {sampled} sampled placement(s)"
         if self._oom_seen:
             ratio, d, used, cap = min(self._oom_seen)
             return SearchError(
@@ -1194,8 +1208,11 @@ class Search:
                    desc="search", dynamic_ncols=True, leave=False)
         stop = None
         try:
+            self._interrupt.__enter__()
             while True:
-                if max_updates is not None and self.updates >= max_updates:
+                if self._interrupt.pending:
+                    stop = "interrupted"
+                elif max_updates is not None and self.updates >= max_updates:
                     stop = "max_updates"
                 elif max_evaluations is not None and self.evaluations >= max_evaluations:
                     stop = "max_evaluations"
@@ -1249,14 +1266,19 @@ class Search:
                 bar.update(1)
                 bar.set_postfix(best=f"{self.best_time:.4g}s", policy=f"{self.search_best:.4g}s",
                                 reward=f"{row['reward_mean']:.3g}", evals_s=f"{self.evaluations / max(wall, 1e-9):.1f}")
-                if self.updates % self.checkpoint_every == 0:
+                if self.updates % self.checkpoint_every == 0 \
+                        or time.perf_counter() - self._last_save >= self.checkpoint_seconds:
                     self.save_checkpoint()
                 stop = self.stop_check() if self.stop_check is not None else None
                 if stop:
                     break
                 self._check_systematic_failure()
         finally:
+            self._interrupt.__exit__()
             bar.close()
+        if stop == "interrupted":     # the work so far is kept: `placer search --resume DIR` continues from it
+            self.save_checkpoint()
+            raise KeyboardInterrupt
         return self._finish(stop)
 
     def _finish(self, stop: str) -> LoopResult:
@@ -1271,6 +1293,40 @@ class Search:
             except Exception as e:  # a plotting problem must not lose the search
                 log.warning("could not write curve.png: %s", e)
         return self._result(stop)
+
+
+class _DeferredInterrupt:
+    """Ctrl-C (SIGINT) or a polite kill (SIGTERM: `kill PID`, `timeout`, a job scheduler) during the search loop:
+    the first only sets `pending`, so that the loop stops at the end of the current update (or local-move batch),
+    saves its checkpoint and then raises KeyboardInterrupt, losing no work done since the last periodic
+    checkpoint; a second signal interrupts at once. Each signal is taken over only where Python's default
+    handler for it is installed, in the main thread."""
+
+    DEFAULTS = ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))
+
+    def __init__(self):
+        self.pending = False
+        self._old: dict = {}
+
+    def __enter__(self) -> "_DeferredInterrupt":
+        self.pending = False
+        if threading.current_thread() is threading.main_thread():
+            for sig, default in self.DEFAULTS:
+                if signal.getsignal(sig) is default:
+                    self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.pending:
+            raise KeyboardInterrupt
+        self.pending = True
+        log.warning("%s: finishing the current step to save the checkpoint (again to stop now)",
+                    "interrupted" if signum == signal.SIGINT else signal.Signals(signum).name)
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
 
 
 def run_loop(grouping, evaluator, *, budget_seconds: float = 300.0, max_updates: int | None = None,

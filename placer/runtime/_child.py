@@ -25,6 +25,7 @@ Requests:
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -372,6 +373,10 @@ def main(argv: list[str]) -> int:
 
     fd_in, fd_out = int(argv[1]), int(argv[2])
     _die_with_parent()
+    # Ctrl-C in a terminal reaches the whole process group: it is for the parent (a search finishes its step and
+    # checkpoints), which owns this process's life (pipe EOF, parent-death signal, kill); a measurement cut by
+    # it would be reported as a failed placement
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # keep the protocol pipe clean: anything written to stdout goes to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr

@@ -39,6 +39,9 @@ def trace_device(name: str) -> str | None:
     return d.canonical if d else None
 
 
+MAX_CPU_SPLIT = 1024
+
+
 def parse_devices(spec: str | Sequence[str]) -> list[str]:
     """`"cpu:N"` -> `/CPU:0..N-1`; `"/GPU:0,/GPU:1,/CPU:0"` or a list -> canonical names (order kept).
 
@@ -52,6 +55,9 @@ def parse_devices(spec: str | Sequence[str]) -> list[str]:
             n = int(m.group(1) or 1)
             if n < 1:
                 raise ClusterError(f"--devices {spec!r}: need at least one CPU device")
+            if n > MAX_CPU_SPLIT:   # as `NxKIND`'s GPU count; the simulator's link matrices are D x D
+                raise ClusterError(f"--devices {spec!r}: the CPU can be split into at most {MAX_CPU_SPLIT} "
+                                   f"logical devices")
             return [f"/CPU:{i}" for i in range(n)]
         items = [x for x in (p.strip() for p in s.split(",")) if x]
     else:

@@ -208,6 +208,15 @@ def oom_detail(reason: str) -> str:
     return f"out of memory on /{dev}: needs {fmt_bytes(need)} for one tensor ({reason})"
 
 
+def check_measure_settings(warmup: int, runs: int, timeout: float) -> None:
+    """MeasurementError naming the flag when --warmup, --runs or --timeout cannot measure anything (a timeout of 0
+    or less cut every measurement, each then reported as a failed placement rather than as the bad flag)."""
+    if runs < 1 or warmup < 0:
+        raise MeasurementError(f"need runs >= 1 and warmup >= 0 (got runs={runs}, warmup={warmup})")
+    if not timeout > 0:
+        raise MeasurementError(f"--timeout must be positive seconds, got {timeout}")
+
+
 class LocalRunner(Evaluator):
     """Measures placements on this machine's TensorFlow devices (see the module docstring).
 
@@ -229,8 +238,7 @@ class LocalRunner(Evaluator):
                                    "(built by hand?): it cannot be measured")
         self.graph = graph
         self.devices = parse_devices(devices)
-        if runs < 1 or warmup < 0:
-            raise MeasurementError(f"need runs >= 1 and warmup >= 0 (got runs={runs}, warmup={warmup})")
+        check_measure_settings(warmup, runs, timeout)
         self.warmup, self.runs, self.timeout = int(warmup), int(runs), float(timeout)
         self._cpus = cpu_split(self.devices)
         self._intra, self._inter = intra_op, inter_op

@@ -92,6 +92,9 @@ class RemotePool(Evaluator):
             raise MeasurementError("no worker addresses given")
         self.graph = graph
         self.devices = parse_devices(devices)
+        from placer.runtime.local import check_measure_settings
+
+        check_measure_settings(warmup, runs, timeout)
         self.timeout, self.warmup, self.runs = float(timeout), int(warmup), int(runs)
         self.rpc_slack, self.health_interval = float(rpc_slack), float(health_interval)
         self.heartbeat, self.heartbeat_misses = float(heartbeat), max(1, int(heartbeat_misses))

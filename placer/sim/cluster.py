@@ -463,6 +463,10 @@ def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
         if not isinstance(d, dict) or "name" not in d:
             raise ClusterError(f"{source}: device #{k} needs at least a \"name\"")
         name = str(d["name"])
+        try:
+            devnames.parse(name)
+        except ClusterError as e:
+            raise ClusterError(f"{source}: device #{k}: {e}") from None
         kind = str(d.get("kind") or ("cpu" if devnames.kind(name) == "CPU" else ""))
         where = f"{source}: device {name!r}"
         extra = {f: _device_figure(d, f, where) for f in _DEVICE_FIELDS + ("peak_flops_fp16", "peak_flops_bf16")}

@@ -142,6 +142,9 @@ class CostTable:
                               np.asarray(obj["cpu_only"], bool),
                               {str(k): np.asarray(v, np.float64) for k, v in obj["seconds"].items()},
                               str(obj.get("source", "profiled")), dict(obj.get("meta") or {}))
+            elif not head.startswith(b"P"):   # an npz is a zip (PK...): np.load would call anything else a pickle
+                raise CostTableError(f"{str(p)!r} is not a cost table (neither JSON nor an npz; `placer profile "
+                                     f"--out FILE` writes one)")
             else:
                 z = np.load(p, allow_pickle=False)  # no pickles: a cost file must not run code
                 kinds = [str(k) for k in z["kinds"]]
@@ -149,6 +152,11 @@ class CostTable:
                 t = CostTable(str(z["fingerprint"]), tuple(str(x) for x in z["names"]), z["cpu_only"].astype(bool),
                               {k: np.asarray(secs[i], np.float64) for i, k in enumerate(kinds)}, str(z["source"]),
                               json.loads(str(z["meta"])))
+        except CostTableError:
+            raise
+        except KeyError as e:
+            raise CostTableError(f"cannot read cost table {str(p)!r}: it has no {e} field (not a cost table "
+                                 f"`placer profile` wrote?)") from None
         except Exception as e:  # noqa: BLE001 - any unreadable file is one clear error
             raise CostTableError(f"cannot read cost table {str(p)!r}: {e}") from None
         n = len(t.names)
@@ -364,7 +372,7 @@ def analytical_costs(graph: OpGraph, cluster: Cluster, *, cache: bool = True, us
         col = None
         if cache and path.is_file():
             try:
-                col = np.load(path)
+                col = np.load(path, allow_pickle=False)
                 if col.shape != (graph.num_ops,):
                     col = None
             except (OSError, ValueError):
