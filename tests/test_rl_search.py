@@ -227,10 +227,17 @@ def test_ctrl_c_saves_the_work_since_the_last_checkpoint(tmp_path, sig):
     gr, ev = _setup()
     ev = InterruptingEvaluator(ev.target_ops, at=12, sig=sig)
     kw = dict(cpu_index=CPU, progress=False, config=ReinforceConfig(seed=1, **SMALL), checkpoint_every=1000)
-    with pytest.raises(KeyboardInterrupt):
-        run_loop(gr, ev, budget_seconds=120, max_updates=10**6, out_dir=tmp_path, **kw)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handlers are restored
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    # Python's own handlers, as a search started from a terminal has them (a pytest-xdist worker ignores SIGINT)
+    saved = {s_: signal.signal(s_, h) for s_, h in ((signal.SIGINT, signal.default_int_handler),
+                                                      (signal.SIGTERM, signal.SIG_DFL))}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_loop(gr, ev, budget_seconds=120, max_updates=10**6, out_dir=tmp_path, **kw)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handlers are restored
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        for s_, h in saved.items():
+            signal.signal(s_, h)
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["updates"] >= 1 and state["evaluations"] > 1
     s = Search(gr, ev, out_dir=tmp_path, **kw)
