@@ -33,6 +33,30 @@ class OutputError(PlacerError):
     """An output file or directory (--out, --trace) cannot be created or written."""
 
 
+def os_reason(e: OSError) -> str:
+    """The OS's reason; mkdir's "File exists" (with exist_ok) means a file stands where a directory must be."""
+    import errno
+    import os
+
+    return os.strerror(errno.ENOTDIR) if isinstance(e, FileExistsError) else e.strerror or str(e)
+
+
+def writable_dir(path, label: str):
+    """Create the directory `path` now, before any long work, and check that files can be written in it:
+    OutputError "`label`: cannot create it or write in it: <the OS's reason>" (the CLI's --out, the library's
+    out_dir). Returns it as a Path."""
+    import tempfile
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=p).close()
+    except OSError as e:
+        raise OutputError(f"{label}: cannot create it or write in it: {os_reason(e)}") from None
+    return p
+
+
 def fmt_bytes(n: float) -> str:
     """Bytes for a message: 1536 → '1.5 KiB'.
 

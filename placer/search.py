@@ -249,17 +249,9 @@ def new_run_dir(out_dir, name: str = "out_dir") -> Path:
     """Check, before any work, that `out_dir` can hold a new run: created (with its parents) and writable, and not
     already holding a search (its checkpoint/), whose files a new run would silently overwrite. OutputError or
     SearchError naming the directory (the library's counterpart of the CLI's --out checks)."""
-    import tempfile
+    from placer.errors import writable_dir
 
-    from placer.errors import OutputError
-
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out).close()
-    except OSError as e:
-        reason = "a file stands there" if isinstance(e, FileExistsError) else e.strerror or str(e)
-        raise OutputError(f"{name}={str(out_dir)!r}: cannot create it or write in it: {reason}") from None
+    out = writable_dir(out_dir, f"{name}={str(out_dir)!r}")
     if (out / "checkpoint").exists():
         raise SearchError(f"{name}={str(out_dir)!r} already holds a search, whose files a new run would overwrite: "
                           f"pick another directory")

@@ -6,13 +6,10 @@ never imports TensorFlow.
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import json
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from placer._version import __version__
@@ -346,21 +343,15 @@ def main(argv: list[str] | None = None) -> int:
 def out_dir(path: str, flag: str = "--out") -> Path:
     """Create the output directory `path` now, before any long work, and check that files can be written in it
     (a search never loses its work to a bad --out): OutputError naming the flag, the path and the OS's reason."""
-    from placer.errors import OutputError
+    from placer.errors import writable_dir
 
-    p = Path(path)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=p).close()
-    except OSError as e:
-        raise OutputError(f"{flag} {path}: cannot create it or write in it: {_os_reason(e)}") from None
-    return p
+    return writable_dir(path, f"{flag} {path}")
 
 
 def out_file(path: str, flag: str) -> None:
     """Check now that the file `path` can be written (its directory created, as the writers do): OutputError naming
     the flag, the path and the OS's reason."""
-    from placer.errors import OutputError
+    from placer.errors import OutputError, os_reason
 
     p = Path(path)
     try:
@@ -371,12 +362,7 @@ def out_file(path: str, flag: str) -> None:
         if not existed:
             p.unlink()
     except OSError as e:
-        raise OutputError(f"{flag} {path}: cannot write it: {_os_reason(e)}") from None
-
-
-def _os_reason(e: OSError) -> str:
-    """The OS's reason; mkdir's "File exists" (with exist_ok) means a file stands where a directory must be."""
-    return os.strerror(errno.ENOTDIR) if isinstance(e, FileExistsError) else e.strerror or str(e)
+        raise OutputError(f"{flag} {path}: cannot write it: {os_reason(e)}") from None
 
 
 def print_json(obj) -> None:

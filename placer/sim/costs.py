@@ -36,6 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from placer import devnames
+from placer._npz import load_npz
 from placer.errors import CostTableError, GraphImportError
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import PRESETS, Cluster, Device
@@ -142,11 +143,12 @@ class CostTable:
                               np.asarray(obj["cpu_only"], bool),
                               {str(k): np.asarray(v, np.float64) for k, v in obj["seconds"].items()},
                               str(obj.get("source", "profiled")), dict(obj.get("meta") or {}))
-            elif not head.startswith(b"P"):   # an npz is a zip (PK...): np.load would call anything else a pickle
-                raise CostTableError(f"{str(p)!r} is not a cost table (neither JSON nor an npz; `placer profile "
-                                     f"--out FILE` writes one)")
             else:
-                z = np.load(p, allow_pickle=False)  # no pickles: a cost file must not run code
+                try:
+                    z = load_npz(p)        # no pickles: a cost file must not run code
+                except ValueError:         # no npz: numpy would call it a pickle
+                    raise CostTableError(f"{str(p)!r} is not a cost table (neither JSON nor an npz; `placer "
+                                         f"profile --out FILE` writes one)") from None
                 kinds = [str(k) for k in z["kinds"]]
                 secs = z["seconds"]
                 t = CostTable(str(z["fingerprint"]), tuple(str(x) for x in z["names"]), z["cpu_only"].astype(bool),
