@@ -38,6 +38,17 @@ def full_device_name(name: str) -> str:
     return devnames.full(name)
 
 
+def is_host_port(addr) -> bool:
+    """`addr` is "HOST:PORT" (a host name, an IPv4 address or a bracketed IPv6 one; a port 1-65535): a task's
+    address, a measurement worker's (`--workers`).
+
+    >>> is_host_port("127.0.0.1:50051"), is_host_port("[::1]:8"), is_host_port("notanaddr"), is_host_port("h:0")
+    (True, True, False, False)
+    """
+    m = re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d+)", addr) if isinstance(addr, str) else None
+    return bool(m) and 0 < int(m.group(2)) < 65536
+
+
 def looks_like_tasks_file(spec) -> bool:
     """True when a `--devices` value names a JSON file (a tasks file), not a device list."""
     return isinstance(spec, (str, os.PathLike)) and str(spec).strip().lower().endswith(".json")
@@ -142,8 +153,7 @@ def tasks_from_dict(obj, source: str = "<tasks>") -> TasksFile:
         if not isinstance(t, dict):
             raise bad(f"task {k} is not an object")
         addr = t.get("address")
-        m = re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d+)", str(addr)) if isinstance(addr, str) else None
-        if not m or not 0 < int(m.group(2)) < 65536:
+        if not is_host_port(addr):
             raise bad(f"task {k}: address {addr!r} is not HOST:PORT")
         if addr in seen:
             raise bad(f"task {k}: address {addr} is listed twice")

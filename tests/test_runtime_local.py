@@ -225,3 +225,13 @@ def test_child_never_outlives_its_parent(tmp_path):
     else:
         os.kill(child, signal.SIGKILL)
         pytest.fail("the measurement child outlived its parent")
+
+
+@pytest.mark.parametrize("addr", ["notanaddr", "127.0.0.1", "host:0", "host:99999", "127.0.0.1:50051/x"])
+def test_a_worker_address_that_is_no_host_port_is_one_line_naming_it(mlp, addr):
+    """`--workers notanaddr` named nothing useful (the first measurement said DEADLINE_EXCEEDED after its
+    deadline): the pool refuses it when built, naming the address, before any connection is tried."""
+    from placer.runtime.remote import RemotePool
+
+    with pytest.raises(MeasurementError, match=f"worker address {addr!r} is not HOST:PORT"):
+        RemotePool(mlp, ["127.0.0.1:1", addr], "cpu:1")

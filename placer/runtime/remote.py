@@ -90,6 +90,10 @@ class RemotePool(Evaluator):
             addresses = [a for a in (x.strip() for x in addresses.split(",")) if a]
         if not addresses:
             raise MeasurementError("no worker addresses given")
+        from placer.tasks import is_host_port
+
+        if (bad := next((a for a in addresses if not is_host_port(a)), None)) is not None:
+            raise MeasurementError(f"worker address {bad!r} is not HOST:PORT (e.g. 127.0.0.1:50051)")
         self.graph = graph
         self.devices = parse_devices(devices)
         from placer.runtime.local import check_measure_settings
