@@ -45,6 +45,9 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
         raise PlacerError("place() needs exactly one of cluster= (simulated hardware) or devices= (real devices)")
     if reward == "measure" and devices is None and not workers:
         raise PlacerError("reward='measure' needs real devices: devices=... (local) or workers=[...]")
+    if workers and reward != "measure":     # they would be silently ignored
+        raise PlacerError(f"workers={workers!r} measure placements on remote hosts: give reward='measure' "
+                          f"(reward={reward!r} does not use them)")
     if out_dir is not None:
         new_run_dir(out_dir)       # now, not after the search: a bad or used directory never costs the budget
     from placer._tf import hide_gpus

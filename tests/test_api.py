@@ -87,6 +87,15 @@ def test_bad_seed_is_a_placer_error_naming_it(seed):
         placer.place(small_graph(), cluster=small_cluster(), budget_seconds=5, seed=seed)
 
 
+def test_workers_without_a_measured_reward_are_an_error_not_ignored():
+    """place(..., workers=[...]) with the default reward="sim" simulated and never used the workers, silently."""
+    import placer
+    from placer.errors import PlacerError
+
+    with pytest.raises(PlacerError, match=r"workers=\['127.0.0.1:50051'\] .* give reward='measure'"):
+        placer.place(small_graph(), cluster=small_cluster(), budget_seconds=5, workers=["127.0.0.1:50051"])
+
+
 def test_place_out_dir_is_checked_before_the_search(tmp_path):
     """place(..., out_dir=) that is a file failed with NotADirectoryError after the whole search; one that holds
     a search had that search's files silently overwritten. Both are now one error before any work."""
