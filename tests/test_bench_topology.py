@@ -35,3 +35,13 @@ def test_bench_out_with_a_results_json_that_is_no_list_of_cells(tmp_path, capsys
                  "--no-progress", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "results.json" in err and match in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_bench_kind_that_is_no_device_kind_names_the_flag(tmp_path, capsys):
+    """`placer bench --kind FOO` named the spec it built ('1xFOO'), not the flag the user gave."""
+    from placer.cli import main
+
+    assert main(["bench", "--kind", "FOO", "--models", "rnnlm", "--gpus", "2", "--size", "tiny", "--budget", "5",
+                 "--no-progress", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("placer bench: error: --kind FOO: ") and "Traceback" not in err and err.count("\n") == 1

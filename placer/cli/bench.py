@@ -5,7 +5,7 @@ import logging
 
 from placer.bench import CellSettings, load_results, run_cell, write_json, write_report
 from placer.cli import out_dir
-from placer.errors import SearchError
+from placer.errors import ClusterError, SearchError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,10 @@ def run_bench(args) -> int:
     precision = getattr(args, "precision", None) or "fp32"
     if precision not in PRECISIONS:
         raise SearchError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
-    kind = parse_cluster(f"1x{args.kind}").meta.get("gpu_kind", args.kind)  # validates the kind early
+    try:                                                                    # validates the kind early
+        kind = parse_cluster(f"1x{args.kind}").meta.get("gpu_kind", args.kind)
+    except ClusterError as e:
+        raise ClusterError(f"--kind {args.kind}: {e}") from None
     out = out_dir(args.out)
     path = out / "results.json"
     results = load_results(path)
