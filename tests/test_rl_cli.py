@@ -167,3 +167,23 @@ def test_resume_of_a_search_stopped_before_its_first_checkpoint_starts_it_over(t
     assert "holds no checkpoint yet" in cap.err and "starting it over" in cap.err
     s = json.loads(cap.out.strip().splitlines()[-1])
     assert s["cluster"] == "2xK80" and s["updates"] == 0 and (out / "checkpoint" / "state.json").is_file()
+
+
+def test_a_signal_stopped_search_exits_with_128_plus_the_signal(tmp_path, monkeypatch, capsys):
+    """A search stopped by SIGTERM exits 143 (as a process SIGTERM had killed: schedulers read it), by Ctrl-C
+    130; both name the --resume command."""
+    import signal
+
+    import placer.cli.search as cli_search
+    from placer.cli import main
+    from placer.rl.search import Interrupted
+
+    for exc, code in ((Interrupted(signal.SIGTERM), 143), (Interrupted(signal.SIGINT), 130),
+                      (KeyboardInterrupt(), 130)):
+        def stopped(args, exc=exc):
+            (tmp_path / "args.json").write_text("{}")
+            raise exc
+        monkeypatch.setattr(cli_search, "run_search", stopped)
+        assert main(["search", "--model", "rnnlm", "--size", "tiny", "--cluster", "2xK80", "--out",
+                     str(tmp_path)]) == code
+        assert f"--resume {tmp_path}" in capsys.readouterr().err

@@ -231,8 +231,9 @@ def test_ctrl_c_saves_the_work_since_the_last_checkpoint(tmp_path, sig):
     saved = {s_: signal.signal(s_, h) for s_, h in ((signal.SIGINT, signal.default_int_handler),
                                                       (signal.SIGTERM, signal.SIG_DFL))}
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as info:
             run_loop(gr, ev, budget_seconds=120, max_updates=10**6, out_dir=tmp_path, **kw)
+        assert info.value.signum == sig      # the CLI exits with 128 + it (130 for Ctrl-C, 143 for SIGTERM)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handlers are restored
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:

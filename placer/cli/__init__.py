@@ -332,12 +332,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"placer {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         run = getattr(args, "resume", None) or getattr(args, "out", None)
         kept = args.command == "search" and run and (Path(run) / "args.json").is_file()
         print(f"placer {args.command}: interrupted" + (f"; continue with: placer search --resume {run}"
                                                          if kept else ""), file=sys.stderr)
-        return 130
+        return 128 + getattr(e, "signum", 2)     # 130 for Ctrl-C, 143 for SIGTERM (a search's Interrupted)
 
 
 def out_dir(path: str, flag: str = "--out") -> Path:

@@ -1278,7 +1278,7 @@ class Search:
             bar.close()
         if stop == "interrupted":     # the work so far is kept: `placer search --resume DIR` continues from it
             self.save_checkpoint()
-            raise KeyboardInterrupt
+            raise Interrupted(self._interrupt.signum)
         return self._finish(stop)
 
     def _finish(self, stop: str) -> LoopResult:
@@ -1295,6 +1295,15 @@ class Search:
         return self._result(stop)
 
 
+class Interrupted(KeyboardInterrupt):
+    """A search stopped by a signal (SIGINT, SIGTERM): `signum` says which, so that a command exits with 128 + it
+    (130 for Ctrl-C, 143 for SIGTERM), as a process the signal had killed would."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+
 class _DeferredInterrupt:
     """Ctrl-C (SIGINT) or a polite kill (SIGTERM: `kill PID`, `timeout`, a job scheduler) during the search loop:
     the first only sets `pending`, so that the loop stops at the end of the current update (or local-move batch),
@@ -1306,6 +1315,7 @@ class _DeferredInterrupt:
 
     def __init__(self):
         self.pending = False
+        self.signum = int(signal.SIGINT)   # the signal that set `pending`
         self._old: dict = {}
 
     def __enter__(self) -> "_DeferredInterrupt":
@@ -1318,8 +1328,8 @@ class _DeferredInterrupt:
 
     def _handle(self, signum, frame) -> None:
         if self.pending:
-            raise KeyboardInterrupt
-        self.pending = True
+            raise Interrupted(signum)
+        self.pending, self.signum = True, int(signum)
         log.warning("%s: finishing the current step to save the checkpoint (again to stop now)",
                     "interrupted" if signum == signal.SIGINT else signal.Signals(signum).name)
 
