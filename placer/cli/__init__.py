@@ -365,5 +365,12 @@ def out_file(path: str, flag: str) -> None:
         raise OutputError(f"{flag} {path}: cannot write it: {os_reason(e)}") from None
 
 
+def flag_or(args, name: str, default):
+    """args.NAME, or `default` when it is absent or None (an args.json from before the flag): never a 0 replaced
+    by the default, so a bad --runs 0 / --timeout 0 reaches the runner's check and is reported."""
+    v = getattr(args, name, None)
+    return default if v is None else v
+
+
 def print_json(obj) -> None:
     print(json.dumps(obj, indent=None, sort_keys=False))

@@ -116,12 +116,13 @@ def run_profile(args) -> int:
 def run_worker(args) -> int:
     """Serve measurements over gRPC until SIGINT/SIGTERM."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from placer.cli import flag_or
     from placer.runtime.worker import serve
 
     token = read_token(args.token_file)
     serve(args.listen, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
           allow_unsafe_ops=args.allow_unsafe_ops, devices=args.devices, block=True,
-          timeout=600.0 if getattr(args, "timeout", None) is None else args.timeout)
+          timeout=flag_or(args, "timeout", 600.0))
     sys.stdout.flush()
     return 0
 

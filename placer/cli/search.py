@@ -73,13 +73,6 @@ def _check_resume_flags(out: Path, args, stored: dict) -> None:
                               f"new search with --out for other settings")
 
 
-def _flag(args, name: str, default):
-    """args.NAME, or `default` when it is absent or None (an args.json from before the flag): never a 0 replaced
-    by the default, so a bad --runs 0 / --timeout 0 reaches the runner's check and is reported."""
-    v = getattr(args, name, None)
-    return default if v is None else v
-
-
 def _need_hardware(args) -> None:
     if not (getattr(args, "cluster", None) or getattr(args, "devices", None)):
         raise SearchError("give --cluster SPEC (simulated hardware, e.g. 4xK80) or --devices LIST (e.g. cpu:2)")
@@ -87,7 +80,7 @@ def _need_hardware(args) -> None:
 
 def run_search(args) -> int:
     """`placer search` (see CLI.md)."""
-    from placer.cli import load_from_args, out_dir
+    from placer.cli import flag_or, load_from_args, out_dir
 
     resume = bool(getattr(args, "resume", None))
     if resume:
@@ -161,8 +154,8 @@ def run_search(args) -> int:
 
             evaluator = make_evaluator(graph, args.devices if args.devices else problem.device_names,
                                        workers=args.workers, token_file=args.token_file,
-                                       warmup=int(_flag(args, "warmup", 2)), runs=int(_flag(args, "runs", 5)),
-                                       timeout=float(_flag(args, "timeout", 600.0)))
+                                       warmup=int(flag_or(args, "warmup", 2)), runs=int(flag_or(args, "runs", 5)),
+                                       timeout=float(flag_or(args, "timeout", 600.0)))
         config = None
         overrides = {**({} if getattr(args, "local_moves", None) is None else {"local_moves": int(args.local_moves)}),
                      **({} if merge is None else {"local_merge_prob": float(merge)}),

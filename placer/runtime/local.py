@@ -213,6 +213,11 @@ def check_measure_settings(warmup: int, runs: int, timeout: float) -> None:
     or less cut every measurement, each then reported as a failed placement rather than as the bad flag)."""
     if runs < 1 or warmup < 0:
         raise MeasurementError(f"need runs >= 1 and warmup >= 0 (got runs={runs}, warmup={warmup})")
+    check_timeout(timeout)
+
+
+def check_timeout(timeout: float) -> None:
+    """MeasurementError naming --timeout when it is not positive seconds (the runners', the worker's)."""
     if not timeout > 0:
         raise MeasurementError(f"--timeout must be positive seconds, got {timeout}")
 

@@ -257,8 +257,9 @@ def serve(listen: str = "127.0.0.1:50051", token: str | None = None, tls_cert: s
                                "(and preferably --tls-cert/--tls-key); only loopback addresses may go without")
     if bool(tls_cert) != bool(tls_key):
         raise MeasurementError("TLS needs both --tls-cert and --tls-key")
-    if not timeout > 0:
-        raise MeasurementError(f"--timeout must be positive seconds, got {timeout}")
+    from placer.runtime.local import check_timeout
+
+    check_timeout(timeout)
     servicer = MeasurerServicer(devices, allow_unsafe_ops=allow_unsafe_ops, timeout=timeout, label=listen)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads),
                          interceptors=[_token_interceptor(token.strip())] if token else [],
