@@ -60,6 +60,7 @@ PLACE_SAMPLE_SECONDS = 0.0
 PLACE_REFINE_SECONDS = 7.5
 PLACE_REFINE_MOVES = 4500
 PLACE_CLUSTER_PROB = 0.3
+MAX_PLACE_SAMPLES = 4096    # placements per sampled batch (`--samples`); more batches: `--sample-seconds`
 # A search started from a pretrained policy (`search(..., policy=P)` with its default config: `placer search
 # --policy`, transfer.py's fine-tunes) makes this share of its chain's moves cluster moves: it starts, like the
 # refinement, where the policy's samples scattered a graph's branches. At 30,000 evaluations (about a 60 s
@@ -213,8 +214,9 @@ def place_settings(samples: int, sample_seconds: float | None = None, refine_sec
     Traceback (most recent call last):
     placer.errors.SearchError: --refine-seconds must be 0 or more, got -1
     """
-    if samples < 1:
-        raise SearchError(f"{flag('samples')} must be at least 1, got {samples}")
+    if not 1 <= samples <= MAX_PLACE_SAMPLES:
+        raise SearchError(f"{flag('samples')} must be 1 to {MAX_PLACE_SAMPLES} (placements per batch; more batches: "
+                          f"{flag('sample_seconds')}), got {samples}")
     vals = {"sample_seconds": PLACE_SAMPLE_SECONDS if sample_seconds is None else sample_seconds,
             "refine_seconds": PLACE_REFINE_SECONDS if refine_seconds is None else refine_seconds,
             "refine_moves": PLACE_REFINE_MOVES if refine_moves is None else refine_moves}

@@ -81,6 +81,9 @@ def test_unknown_precision_and_misused_flags_are_errors():
         build_model("nmt", size="tiny", precision="fp16")
     with pytest.raises(GraphImportError, match="--layers applies to model 'gpt' only"):
         build_model("clip", size="tiny", layers=2)
+    # a huge depth was built until the machine ran out of memory; now refused at once, naming the limit
+    with pytest.raises(GraphImportError, match="--layers 100000: at most 256"):
+        build_model("gpt", size="tiny", layers=100000)
 
 
 def test_cli_unknown_precision_is_one_line(capsys):

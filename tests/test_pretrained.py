@@ -450,6 +450,8 @@ def test_place_budget_is_fine_tuning_after_the_zero_shot_answer(nmt_tiny, monkey
     from placer.search import place_settings, policy_inputs
 
     assert place_settings(16)["budget_after_zero_shot"] is True       # what the CLI and the API pass
+    with pytest.raises(SearchError, match="--samples must be 1 to 4096 .*--sample-seconds.*got 10000000"):
+        place_settings(10_000_000, flag=lambda n: "--" + n.replace("_", "-"))    # it sampled until killed
     clock = [0.0]
     fake = type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])})
     monkeypatch.setattr(search_mod, "time", fake)

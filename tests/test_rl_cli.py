@@ -141,8 +141,9 @@ def test_resume_keeps_the_model_settings_and_refuses_conflicting_flags(tmp_path,
     back = _load_args(out, build_parser().parse_args(["search", "--resume", str(out), "--budget", "9"]))
     assert (back.precision, back.layers, back.local_moves, back.cluster) == ("fp16", 2, 0, "2xK80")
     (out / "checkpoint").mkdir()
+    # --size full equals the parser's default, yet contradicts the tiny search: refused too (it was ignored)
     for extra, flag in ((["--cluster", "4xK80"], "--cluster 4xK80"), (["--seed", "3"], "--seed 3"),
-                        (["--out", str(tmp_path / "elsewhere")], "--out")):
+                        (["--out", str(tmp_path / "elsewhere")], "--out"), (["--size", "full"], "--size full")):
         assert main(["search", "--resume", str(out), *extra]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and flag in err and "Traceback" not in err

@@ -308,9 +308,25 @@ def _add_cluster_commands(sub) -> None:
 # ---- end: TF cluster devices and calibration --------------------------------------------------------------------
 
 
+def given_flags(argv: list[str]) -> set[str]:
+    """The argument names (argparse dests) that `argv` gives explicitly, even those equal to their defaults
+    (`--size full` with `--resume` of a tiny search must be refused, not taken for the default)."""
+    ap = build_parser()
+    parsers = [ap]
+    while parsers:
+        for action in parsers.pop()._actions:
+            if isinstance(getattr(action, "choices", None), dict):      # the subcommands
+                parsers.extend(action.choices.values())
+            elif action.dest != "command":
+                action.default = argparse.SUPPRESS
+    return set(vars(ap.parse_args(argv)))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
+    args.given = given_flags(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.command:

@@ -62,11 +62,12 @@ def _check_resume_flags(out: Path, args, stored: dict) -> None:
         raise SearchError(f"--out {given_out}: --resume {out} writes its files in {out}; to search again "
                           f"elsewhere, start a new search with --out")
     defaults = vars(build_parser().parse_args(["search"]))
+    explicit = getattr(args, "given", None)      # `main` records the flags given (None: args built in code)
     for k, v in stored.items():
         if k in _RESUME_OVERRIDES or k not in defaults or not hasattr(args, k):
             continue
         given = getattr(args, k)
-        if given != defaults[k] and given != v:
+        if (k in explicit if explicit is not None else given != defaults[k]) and given != v:
             flag = "GRAPH" if k == "graph" else "--" + k.replace("_", "-")
             raise SearchError(f"{flag} {given}: the search in {out} ran with {v!r}; --resume continues it as it "
                               f"was (only --budget, --max-updates, --max-evaluations and --patience change): start a "

@@ -94,6 +94,9 @@ def _builder(name: str, layers: int | None = None, precision: str = "fp32") -> C
     raise GraphImportError(f"unknown model {name!r}; valid models: {', '.join(MODELS)}")
 
 
+MAX_LAYERS = 256        # gpt's --layers: ~860 ops a layer, so ~220k ops, twice the 100k-op scale the search is sized for
+
+
 def build_model(name: str, size: str = "full", batch_size: int | None = None, *, cache: bool = True,
                 layers: int | None = None, precision: str = "fp32") -> OpGraph:
     """Build (or load from the cache) the training-step OpGraph of a built-in model.
@@ -118,6 +121,9 @@ def build_model(name: str, size: str = "full", batch_size: int | None = None, *,
             raise GraphImportError(f"--layers applies to model 'gpt' only, not {name!r}")
         if not isinstance(layers, int) or layers <= 0:
             raise GraphImportError(f"--layers must be a positive integer, got {layers!r}")
+        if layers > MAX_LAYERS:
+            raise GraphImportError(f"--layers {layers}: at most {MAX_LAYERS} (about {MAX_LAYERS * 860:,} ops; "
+                                   f"24 layers make 20,603)")
     if size == "small" and name in ("clip", "gpt"):
         raise GraphImportError(f"model {name!r} has sizes tiny and full (no 'small')")
     build = _builder(name, layers, precision)
