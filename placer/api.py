@@ -92,7 +92,8 @@ def replace(result_or_run_dir, exclude, *, budget_seconds: float = 60, out_dir=N
     """Re-place a search's graph onto the devices left after losing `exclude` (names like "/GPU:3"): a quick
     answer first (`.extra["quick_s"]`), then `budget_seconds` of search from the run's own policy.
     `result_or_run_dir`: the directory a search wrote (`place(..., out_dir=DIR)`, `placer search --out DIR`) or
-    the SearchResult of such a search. See `placer.search.replace`."""
+    the SearchResult of a search (one without a directory re-places from `result.run`, in memory; a re-placed
+    result can be re-placed again). See `placer.search.replace`."""
     if out_dir is not None:
         new_run_dir(out_dir)
     from placer._tf import hide_gpus

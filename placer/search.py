@@ -159,6 +159,28 @@ class SearchResult:
     evaluations: int = 0
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # what `replace(result, ...)` re-places when the search wrote no directory (in memory only, never saved)
+    run: RunMemory | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class RunMemory:
+    """A search's problem as `replace` rebuilds it on the survivors (graph, cluster, op×device cost matrix,
+    grouping, seed, allow_cpu) and its policy at the end (`placer.rl.search.Search.policy_state`; None: no
+    update was made): what the run directory holds, for a search that wrote none."""
+    graph: Any
+    cluster: Any
+    cost: np.ndarray
+    grouping: Any
+    seed: int
+    allow_cpu: bool
+    policy: dict | None
+
+
+def _remember(result: SearchResult, problem: PlacementProblem, seed: int, s) -> SearchResult:
+    result.run = RunMemory(problem.graph, problem.cluster, problem.cost, problem.grouping, int(seed),
+                           bool(problem.allow_cpu), s.policy_state())
+    return result
 
 
 def policy_inputs(problem: PlacementProblem):
@@ -320,7 +342,7 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
         result.extra["measured"] = remeasure_best(problem, res)
     if out is not None:
         write_outputs(out, problem, res, result, reward=reward, seed=seed, model_name=model_name or problem.graph.name)
-    return result
+    return _remember(result, problem, seed, s)
 
 
 def _result(problem: PlacementProblem, res, t0: float, out: Path | None, **extra) -> SearchResult:
@@ -544,7 +566,8 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
             max_evaluations: int | None = None) -> SearchResult:
     """Re-place a finished (or killed) search's graph onto the devices left when `exclude` are lost.
 
-    `run`: the search's output directory, or the SearchResult of a `place(..., out_dir=...)`. First, before
+    `run`: the search's output directory, or the SearchResult of a search (of `place()`, `search()` or this
+    function; without a directory, its `run` memory: the problem and the final policy). First, before
     any learning, the quick answer: the best (simulated) of the old placement with the lost devices' groups moved
     to the least-loaded survivor that holds them (`moved_off`) and of every baseline recomputed on the
     survivors. Then a search of `budget_seconds` on the survivors starting from the run's policy (its device
@@ -561,14 +584,22 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
     from placer.rl.search import Search
 
     t0 = time.perf_counter()
-    run_dir = Path(run.extra.get("out_dir") or "") if isinstance(run, SearchResult) else Path(run)
+    memory = None       # a SearchResult whose search wrote no directory: its problem and policy, in memory
     if isinstance(run, SearchResult) and not run.extra.get("out_dir"):
-        raise SearchError("re-placement needs the search's directory: call place(..., out_dir=DIR) or pass DIR")
+        if run.run is None:
+            raise SearchError("re-placement needs the search's directory or the SearchResult of a search: call "
+                              "place(..., out_dir=DIR) or pass DIR")
+        memory = run.run
+    run_dir = Path(run.extra.get("out_dir") or "") if isinstance(run, SearchResult) else Path(run)
     if isinstance(exclude, str):
         exclude = [x for x in exclude.split(",") if x.strip()]
     if not exclude:
         raise SearchError("name the lost devices to exclude, e.g. --exclude /GPU:3")
-    graph, cluster, cost, grouping, h = load_run_problem(run_dir)
+    if memory is not None:
+        graph, cluster, cost, grouping = memory.graph, memory.cluster, memory.cost, memory.grouping
+        h = {"seed": memory.seed, "allow_cpu": memory.allow_cpu}
+    else:
+        graph, cluster, cost, grouping, h = load_run_problem(run_dir)
     survivors, keep = cluster_without(cluster, exclude)
     seed = int(h.get("seed", 0)) if seed is None else int(seed)
     problem = build_problem(graph, survivors, costs=np.ascontiguousarray(cost[:, keep]), grouping=grouping, seed=seed,
@@ -576,7 +607,8 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
     try:
         from placer.placement import Placement
 
-        old = Placement.load(run_dir / "placement.json").to_indices(graph, cluster.device_names)
+        old = (run.placement if memory is not None else Placement.load(run_dir / "placement.json")) \
+            .to_indices(graph, cluster.device_names)
         cands = {"moved": moved_off(problem, old, keep), **problem.baselines}
         outs = problem.simulator.evaluate(list(cands.values()))
         ok = {k: o.step_time for k, o in zip(cands, outs) if o.ok and np.isfinite(o.step_time)}
@@ -595,7 +627,12 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
                    baselines=cands, config=config or ReinforceConfig.for_reward(reward, seed=seed), seed=seed,
                    out_dir=Path(out_dir) if out_dir is not None else None, progress=progress,
                    device_capacity=[d.capacity_bytes for d in survivors.devices])
-        why = s.restore_policy(run_dir / "checkpoint", keep)
+        if memory is None:
+            why = s.restore_policy(run_dir / "checkpoint", keep)
+        elif memory.policy is None:
+            why = "its search made no update"
+        else:
+            why = s.restore_policy_state(memory.policy, keep)
         notice = None
         if why is None:
             s.start_groups = group_majority(cands[quick_source], grouping.op_group, grouping.num_groups,
@@ -609,6 +646,8 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
                          excluded=list(exclude), quick_s=quick_s, quick_wall_s=quick_wall, quick_source=quick_source,
                          restored=why is None, notice=notice, **({"dropped": dropped} if dropped else {}))
         extra = result.extra
+        if model_name is None and memory is not None:
+            model_name = graph.name
         if model_name is None:
             try:
                 model_name = json.loads((run_dir / "summary.json").read_text()).get("model") or graph.name
@@ -624,6 +663,6 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
             write_outputs(Path(out_dir), problem, res, result, reward=reward, seed=seed, model_name=model_name,
                           more={k: extra[k] for k in ("excluded", "quick_s", "quick_wall_s", "quick_source",
                                                       "restored", "notice", "dropped") if k in extra})
-        return result
+        return _remember(result, problem, seed, s)
     finally:
         problem.close()

@@ -213,3 +213,28 @@ def test_replace_stops_on_max_evaluations(run_dir, tmp_path):
     res = replace(run_dir, ["/GPU:2"], budget_seconds=30, max_evaluations=1, out_dir=tmp_path / "r")
     assert res.extra["stop_reason"] == "max_evaluations" and res.extra["updates"] == 0
     assert "/GPU:2" not in set(res.placement.mapping.values())
+
+
+def test_replace_of_a_result_without_a_directory(tmp_path, monkeypatch):
+    """`placer.replace(result, ...)` of a `place()` that wrote no directory re-places from the result itself (it
+    said "re-placement needs the search's directory"): the run's policy restored, the survivors only; and the
+    re-placed result can itself be re-placed. Nothing is read from or written to the working directory."""
+    import placer
+    from placer.graphs.models import build_model
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.search import replace      # placer.replace's body, with a config
+
+    monkeypatch.chdir(tmp_path)
+    res = placer.place(build_model("nmt", "tiny"), cluster="4xK80", budget_seconds=60, max_updates=3,
+                       config=ReinforceConfig.for_reward("sim", seed=0, local_share=0.0))
+    assert res.extra["out_dir"] is None and res.run is not None and res.run.policy is not None
+    fast = ReinforceConfig.for_reward("sim", seed=0, local_share=0.0)    # no chain's time share: seconds, not 30
+    again = replace(res, ["/GPU:3"], budget_seconds=30, max_updates=2, config=fast)
+    assert again.extra["restored"] and again.extra["notice"] is None
+    assert set(again.placement.mapping.values()) <= {"/GPU:0", "/GPU:1", "/GPU:2", "/CPU:0"}
+    assert np.isfinite(again.step_time) and again.step_time <= again.extra["quick_s"] + 1e-12
+    twice = replace(again, "/GPU:1", budget_seconds=30, max_updates=2, config=fast)
+    assert twice.extra["restored"] and set(twice.placement.mapping.values()) <= {"/GPU:0", "/GPU:2", "/CPU:0"}
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ClusterError, match=r"cannot exclude '/GPU:3'"):       # already gone
+        replace(again, ["/GPU:3"], budget_seconds=5)

@@ -494,18 +494,33 @@ class Search:
             state = json.loads(path.read_text())
             if state.get("format") != CHECKPOINT_FORMAT:
                 return f"checkpoint {path} has format {state.get('format')}, expected {CHECKPOINT_FORMAT}"
-            if state["fingerprint"] != self.fingerprint:
-                return f"checkpoint {path} was made for another grouping of the graph"
-            if state.get("agent") is None:
-                return f"checkpoint {path} holds no policy (its search made no update)"
-            with load_npz(path.parent / state["arrays"]) as z:
-                weights = {k: z[v] for k, v in state["agent"]["policy"].items()}
+            if state.get("agent") is not None and state["fingerprint"] == self.fingerprint:
+                with load_npz(path.parent / state["arrays"]) as z:
+                    state["policy"] = {k: z[v] for k, v in state["agent"]["policy"].items()}
         except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: search cold, say why
             return f"cannot read checkpoint {path}: {type(e).__name__}: {e}"
+        return self.restore_policy_state(state, device_map, f"checkpoint {path}")
+
+    def policy_state(self) -> dict | None:
+        """The policy as `restore_policy_state` takes it (its weights, this search's grouping fingerprint and
+        devices), in memory; None before the first update."""
+        if self._agent is None:
+            return None
+        return {"fingerprint": self.fingerprint, "devices": list(self.devices),
+                "policy": {k: np.array(v) for k, v in self.agent.get_state()["policy"].items()}}
+
+    def restore_policy_state(self, state: dict, device_map: Sequence[int], where: str = "the run") -> str | None:
+        """`restore_policy` from a state in memory (`policy_state()`, or a checkpoint read: `fingerprint`,
+        `devices`, `policy`); `where` names it in the reason returned when it cannot be restored."""
+        if state["fingerprint"] != self.fingerprint:
+            return f"{where} was made for another grouping of the graph"
+        if state.get("policy") is None:
+            return f"{where} holds no policy (its search made no update)"
+        weights = dict(state["policy"])
         keep = np.asarray(device_map, np.int64)
         old_d = len(state["devices"])
         if keep.size != len(self.devices) or keep.min() < 0 or keep.max() >= old_d:
-            return f"checkpoint {path} was made for devices {state['devices']}, not a superset of {self.devices}"
+            return f"{where} was made for devices {state['devices']}, not a superset of {self.devices}"
         for k, w in list(weights.items()):
             if "device_embeddings" in k:
                 weights[k] = w[keep]
@@ -516,7 +531,7 @@ class Search:
         try:
             self.agent.policy.set_state(weights)
         except (KeyError, ValueError) as e:
-            return f"checkpoint {path} does not match this policy: {e}"
+            return f"{where} does not match this policy: {e}"
         self.imitated = "restored"        # no warm start: the restored policy is the start
         return None
 
