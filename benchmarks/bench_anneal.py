@@ -55,7 +55,8 @@ def _emit(rec: dict, name: str = "bench_anneal.jsonl") -> None:
 
 def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal_seeds: int,
         policy_budget: float, policy_config: dict | None = None, policy_seeds: int = 1,
-        policy: str | None = None, first_policy_seed: int | None = None, precision: str = "fp32") -> list[dict]:
+        policy: str | None = None, first_policy_seed: int | None = None, precision: str = "fp32",
+        screen_sigma: float | None = None, anneal_screen: int = 4) -> list[dict]:
     from placer.baselines.anneal import anneal
     from placer.bench import best_baseline, best_within, policy_curve
     from placer.graphs.models import build_model
@@ -63,9 +64,18 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
     from placer.rl.reinforce import ReinforceConfig
     from placer.search import load_policy, search
 
+    from placer.baselines.anneal import AnnealConfig
+
     t0 = time.perf_counter()
-    problem = build_problem(build_model(model, size, precision=precision), cluster, seed=seed)
+    graph = build_model(model, size, precision=precision)
+    problem = build_problem(graph, cluster, seed=seed)
     build_s = time.perf_counter() - t0
+    screen = None       # --screen-sigma: both methods' moves screened by a noisy simulator (screen_anneal.py)
+    if screen_sigma is not None:
+        from screen_anneal import noisy_problem
+
+        screen = noisy_problem(graph, cluster, problem, screen_sigma)
+    acfg = AnnealConfig(screen=anneal_screen if screen is not None else 1)
     try:
         over = dict(policy_config or {})
         runs_p = []
@@ -75,12 +85,17 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
             t0 = time.perf_counter()
             r = search(problem, budget_seconds=policy_budget, seed=ps, config=cfg, remeasure=False,
                        max_evaluations=max(evals),
-                       policy=load_policy(policy) if policy else None)
+                       policy=load_policy(policy) if policy else None,
+                       screen=screen.simulator if screen is not None else None)
             runs_p.append((r, policy_curve(r, len(problem.baselines)), time.perf_counter() - t0))
         res, curve, policy_wall = runs_p[0]
-        ann = {n: [anneal(problem, max_evaluations=n, seed=seed + i) for i in range(anneal_seeds)] for n in evals}
+        ann = {n: [anneal(problem, max_evaluations=n, seed=seed + i, config=acfg,
+                          screen_by=screen.simulator if screen is not None else None)
+                   for i in range(anneal_seeds)] for n in evals}
     finally:
         problem.close()
+        if screen is not None:
+            screen.close()
     bname, bval = best_baseline(res.baselines)
     recs = []
     for n in evals:
@@ -106,6 +121,7 @@ def run(model: str, cluster: str, size: str, evals: list[int], seed: int, anneal
                "anneal_config": runs[0].config, "simulated": True,
                "policy_wall_s_seeds": [w for _, _, w in runs_p],
                "policy_local_moves_seeds": [r.extra.get("local_moves") for r, _, _ in runs_p],
+               **({"screen_sigma": screen_sigma, "anneal_screen": anneal_screen} if screen is not None else {}),
                **({"precision": precision} if precision != "fp32" else {})}
         _emit(rec)
         recs.append(rec)
@@ -197,6 +213,10 @@ def main(argv=None) -> int:
                     help="with --tune: the annealer's first seed (default --seed, which also seeds the problem's "
                          "baselines): more seeds on the same problem")
     ap.add_argument("--tune-table", metavar="DATE", help="print the --tune records of days starting with DATE")
+    ap.add_argument("--screen-sigma", type=float, metavar="S",
+                    help="screen both methods' moves by a simulator whose per-op costs carry lognormal noise S "
+                         "(an emulated measured search; the policy's share via --policy-config local_screen)")
+    ap.add_argument("--anneal-screen", type=int, default=4, help="with --screen-sigma: annealing's screen factor")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
                     help="build the model in this precision (e.g. clip --cluster DGX1 --precision fp16; "
                          "recorded when not fp32)")
@@ -212,7 +232,8 @@ def main(argv=None) -> int:
              a.first_anneal_seed)
         return 0
     run(a.model, a.cluster, a.size, evals, a.seed, max(1, a.anneal_seeds), a.policy_budget,
-        json.loads(a.policy_config), max(1, a.policy_seeds), a.policy, a.first_policy_seed, a.precision)
+        json.loads(a.policy_config), max(1, a.policy_seeds), a.policy, a.first_policy_seed, a.precision,
+        a.screen_sigma, a.anneal_screen)
     return 0
 
 

@@ -107,6 +107,21 @@ def group_key(groups: np.ndarray) -> bytes:
     return np.asarray(groups, np.int16).tobytes()
 
 
+def screened(cands: list[np.ndarray], k: int, screen, expand) -> list[np.ndarray]:
+    """The `k` of the group placements `cands` that the Evaluator `screen` scores fastest (failures last; ties in
+    draw order): a cheap model (the simulator) choosing which moves a costly one (a measurement) evaluates.
+    `expand`: group placement -> op placement.
+
+    >>> class Sim:
+    ...     def evaluate(self, ps): return [type("O", (), {"ok": True, "step_time": float(p.sum())})() for p in ps]
+    >>> [int(c.sum()) for c in screened([np.array([3]), np.array([1]), np.array([2])], 2, Sim(), lambda g: g)]
+    [1, 2]
+    """
+    outs = screen.evaluate([expand(g) for g in cands])
+    score = np.array([o.step_time if o.ok and np.isfinite(o.step_time) else np.inf for o in outs])
+    return [cands[i] for i in np.argsort(score, kind="stable")[:k]]
+
+
 def neighbours(cur: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, k: int, seen: set[bytes], *,
                block_prob: float = 0.1, block_max: int = 8, movable: np.ndarray | None = None, tries: int = 20,
                max_depth: int = 4, links: np.ndarray | None = None, merge_prob: float = 0.0,

@@ -82,6 +82,9 @@ class Placement:
         return out
 
     def check_graph(self, graph: OpGraph) -> None:
+        """A placement written for another graph is refused by fingerprint. One without a fingerprint (written by
+        hand, or by a tool other than placer) is checked op by op instead, by `to_indices`: every op of the graph
+        needs a device, and every op it names must be the graph's."""
         if self.graph_fingerprint and graph.fingerprint and self.graph_fingerprint != graph.fingerprint:
             raise PlacementError(f"this placement is for graph {self.graph_fingerprint}, not for graph "
                                  f"{graph.name!r} ({graph.fingerprint})")

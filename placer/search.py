@@ -286,14 +286,16 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
            seed: int | None = None, config=None, out_dir=None, progress: bool = False,
            max_updates: int | None = None, patience: int | None = None, resume: bool = False,
            remeasure: bool = True, model_name: str | None = None, policy=None,
-           max_evaluations: int | None = None) -> SearchResult:
+           max_evaluations: int | None = None, screen="auto") -> SearchResult:
     """Search a placement for `problem`. `evaluator` scores placements (default: the problem's simulator; a
     runtime evaluator for measured rewards, whose devices must be the problem's). `reward` labels the summary
     ("sim" or "measure"). Writes the files of CLI.md into `out_dir` when given; `resume` continues the search
     checkpointed there. `policy`: a pretrained portable policy (`placer pretrain`: a directory, "default" for the
     shipped one, or `PortableWeights`) to start from instead of a baseline's imitation: its zero-shot batch first
     (`extra["zero_shot"]`), then the search fine-tunes it (`max_updates=0`: the zero-shot answer alone).
-    `max_evaluations`: stop once this many placements were evaluated (baselines included)."""
+    `max_evaluations`: stop once this many placements were evaluated (baselines included). `screen`: an Evaluator
+    that ranks the chain's candidate moves before `evaluator` evaluates the best of them (`ReinforceConfig.
+    local_screen`); "auto": the problem's simulator when `evaluator` is another (a measured reward), else none."""
     from dataclasses import replace as dc_replace
 
     from placer.rl.reinforce import ReinforceConfig
@@ -321,7 +323,8 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     s = Search(problem.grouping, evaluator, cpu_index=cluster.cpu_index, allowed=problem.allowed,
                baselines=problem.baselines, config=config, seed=seed, out_dir=out,
                progress=progress, device_capacity=[d.capacity_bytes for d in cluster.devices],
-               policy_inputs=lambda: policy_inputs(problem), pretrained=weights)
+               policy_inputs=lambda: policy_inputs(problem), pretrained=weights,
+               screen=_screen(problem, evaluator) if screen == "auto" else screen)
     if resume and (out is None or not s.load_checkpoint()):
         raise SearchError(f"no checkpoint to resume in {out / 'checkpoint' if out else '(no directory)'}")
     watch = _watched(evaluator, reward, s)
@@ -343,6 +346,12 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     if out is not None:
         write_outputs(out, problem, res, result, reward=reward, seed=seed, model_name=model_name or problem.graph.name)
     return _remember(result, problem, seed, s)
+
+
+def _screen(problem: PlacementProblem, evaluator):
+    """What screens a search's local moves: the problem's simulator when the evaluator measures, else nothing
+    (screening by the evaluator itself would be free evaluations)."""
+    return problem.simulator if evaluator is not problem.simulator else None
 
 
 def _result(problem: PlacementProblem, res, t0: float, out: Path | None, **extra) -> SearchResult:
@@ -626,7 +635,7 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
         s = Search(problem.grouping, ev, cpu_index=survivors.cpu_index, allowed=problem.allowed,
                    baselines=cands, config=config or ReinforceConfig.for_reward(reward, seed=seed), seed=seed,
                    out_dir=Path(out_dir) if out_dir is not None else None, progress=progress,
-                   device_capacity=[d.capacity_bytes for d in survivors.devices])
+                   device_capacity=[d.capacity_bytes for d in survivors.devices], screen=_screen(problem, ev))
         if memory is None:
             why = s.restore_policy(run_dir / "checkpoint", keep)
         elif memory.policy is None:

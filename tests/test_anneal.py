@@ -524,3 +524,69 @@ def test_the_chains_placements_count_for_the_search_best_when_the_start_is_a_loc
     assert res.step_time == pytest.approx(1.0) and res.source == "target"
     assert res.local["improvements"] == 0 and res.local["evaluations"] > 0
     assert res.search_best == pytest.approx(1.2)
+
+
+
+class Logged(Evaluator):
+    """Passes placements to `inner`, logging each batch as (tag, {placement bytes: step time}) in `log`."""
+
+    def __init__(self, inner, log: list, tag: str):
+        self.inner, self.devices, self.log, self.tag = inner, inner.devices, log, tag
+
+    def evaluate(self, placements):
+        out = self.inner.evaluate(placements)
+        self.log.append((self.tag, {np.asarray(p).tobytes(): o.step_time for p, o in zip(placements, out)}))
+        return out
+
+
+def _check_screened(log: list, k: int) -> int:
+    """Each batch the screen scored is followed by one evaluated batch: at most `k` of the screened placements,
+    none of them scored worse than one left out (ties aside). Returns how many batches were screened."""
+    pairs = [(a[1], b[1]) for a, b in zip(log, log[1:]) if a[0] == "screen"]
+    assert all(b[0] == "eval" for a, b in zip(log, log[1:]) if a[0] == "screen")
+    for scored, evaluated in pairs:
+        assert set(evaluated) <= set(scored) and 0 < len(evaluated) <= k
+        worst = max(scored[b] for b in evaluated)
+        assert sum(v < worst for v in scored.values()) < len(evaluated)   # nothing better was left out
+    return len(pairs)
+
+
+def test_moves_screened_by_a_cheaper_model_evaluate_only_its_best_and_count_as_before():
+    """`anneal(screen_by=..., config=AnnealConfig(screen=4))` and a Search with `screen=` and `local_screen=4`
+    draw 4x their batch of moves, score them all with the screen (the simulator, when the evaluator measures)
+    and evaluate only the batch best by that score; the screen's scoring is no evaluation (max_evaluations
+    holds); without a screen `local_screen` changes nothing. A perfect screen reaches the toy's optimum."""
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+    from placer.search import _screen
+
+    G = 16
+    gr = _grouping(G)
+    allowed = np.ones((G, 4), bool)
+    allowed[:, CPU] = False
+    opt = np.random.default_rng(3).integers(0, 3, G)
+    log: list = []
+    ev = ToyEvaluator(gr.expand(opt, CPU))
+    prob = _problem(gr, allowed, Logged(ev, log, "eval"), {"single_gpu": np.zeros(2 * G, int)})
+    screen = Logged(ToyEvaluator(gr.expand(opt, CPU)), log, "screen")
+    r = anneal(prob, max_evaluations=200, seed=0, config=AnnealConfig(screen=4, batch=8), screen_by=screen)
+    assert r.evaluations == 200 == len(ev.seen) and r.step_time == pytest.approx(1.0)
+    assert _check_screened(log, 8) >= 20
+    assert sum(len(b) for t, b in log if t == "screen") > 3 * (200 - 2)
+    # the search's chain: the same rule; screen=None (a simulated reward) leaves local_screen without effect
+    for screened in (True, False):
+        log = []
+        ev2 = ToyEvaluator(gr.expand(opt, CPU))
+        scr = Logged(ToyEvaluator(gr.expand(opt, CPU)), log, "screen") if screened else None
+        s = Search(gr, Logged(ev2, log, "eval"), cpu_index=CPU, allowed=allowed,
+                   baselines={"single_gpu": np.zeros(2 * G, int)}, screen=scr, progress=False, tensorboard=False,
+                   config=ReinforceConfig(seed=0, hidden_size=32, attn_size=16, local_moves=32, local_batch=8,
+                                          local_screen=4))
+        res = s.run(60, max_updates=3, max_evaluations=150)
+        assert res.evaluations == len(ev2.seen) <= 150 and s.local_evaluations > 0
+        n = _check_screened(log, 8)
+        assert n >= s.local_evaluations // 8 if screened else n == 0
+    # search(): the problem's simulator screens a measured search's moves, nothing screens a simulated one
+    sim, measured = object(), object()
+    assert _screen(SimpleNamespace(simulator=sim), sim) is None
+    assert _screen(SimpleNamespace(simulator=sim), measured) is sim

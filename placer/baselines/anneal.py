@@ -51,7 +51,7 @@ import numpy as np
 from placer.errors import PlacementError
 from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
                             failure_reference, group_key, grouped_baselines, initial_temperature,
-                            move_shares_error, neighbours)
+                            move_shares_error, neighbours, screened)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,8 @@ class AnnealConfig:
     cluster_prob: float | None = None  # share of cluster moves (a METIS part of the groups to one device;
                                   # placer.grouped.cluster_levels); None: by the device count, as merge_prob
                                   # (placer.grouped.auto_cluster_prob: 0.1 from 8 accelerators on, else 0)
+    screen: int = 1               # with anneal(screen_by=...): draw this many x batch moves, evaluate the batch
+                                  # best by that cheaper Evaluator (placer.grouped.screened); 1: off
     restarts: int = 0             # reheats from the best so far, the budget split into restarts + 1 schedules
     rule: str = "greedy"          # "greedy" or "metropolis" (module docstring); metropolis worse on both models
     failure_factor: float = 10.0  # a failure costs this × the single-GPU step time (as ReinforceConfig's)
@@ -102,7 +104,8 @@ class AnnealResult:
 
 
 def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_evaluations: int | None = None,
-           budget_seconds: float | None = None, seed: int = 0, config: AnnealConfig | None = None) -> AnnealResult:
+           budget_seconds: float | None = None, seed: int = 0, config: AnnealConfig | None = None,
+           screen_by=None) -> AnnealResult:
     """Simulated annealing over `problem`'s group placements (see the module docstring).
 
     problem: anything with `grouping`, `allowed` (bool[G, D]), `cluster` (`cpu_index`, `devices` with
@@ -110,6 +113,9 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
     `placer.problem.PlacementProblem`. start: a group→device array to start from instead of the best grouped
     baseline (then no baseline is evaluated). Stops after `max_evaluations` evaluations (the baselines and
     grouped baselines included) or `budget_seconds`, whichever comes first; at least one must be given.
+    screen_by: an Evaluator cheaper than `evaluator` (the simulator, when `evaluator` measures): with
+    `config.screen` > 1 each batch draws that many times its moves and evaluates those it scores fastest (its
+    scoring is not counted in `max_evaluations`).
 
     >>> import numpy as np
     >>> from placer.graphs.opgraph import OpGraph
@@ -205,12 +211,16 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
         q = min(1.0, p * (cfg.restarts + 1) - seg)
         temp = t0 * (t_fin / t0) ** q if np.isfinite(t0) else float("inf")
 
-        cands = neighbours(cur, allowed, rng, min(cfg.batch, left or cfg.batch), run.seen, block_prob=cfg.block_prob,
+        n = min(cfg.batch, left or cfg.batch)
+        scr = cfg.screen if screen_by is not None else 1
+        cands = neighbours(cur, allowed, rng, n * scr, run.seen, block_prob=cfg.block_prob,
                            block_max=cfg.block_max, movable=movable, links=links, merge_prob=cfg.merge_prob,
                            attract_prob=cfg.attract_prob, clusters=clusters, cluster_prob=cfg.cluster_prob)
         if not cands:
             stop = "no_moves"
             break
+        if len(cands) > n:
+            cands = screened(cands, n, screen_by, lambda g: grouping.expand(g, cpu))
         costs, _ = run.evaluate(cands)
         delta = costs / max(cur_c, 1e-30) - 1.0
         if not np.isfinite(t0):     # T0 from the first batch's worsening moves

@@ -105,6 +105,10 @@ class ReinforceConfig:
     # 0.3 at 1,000 evaluations (nmt, nmt4 4xK80, 4 seeds) was 5.9% and 3.3% worse than 0: off (RESULTS.md
     # "Policy-guided local moves at 1,000 evaluations")
     local_policy_prob: float = 0.0
+    # screening (a measured search: the simulator screens what is measured): draw this many x the chain's batch of
+    # moves, score them all with the Search's `screen` evaluator (the problem's simulator), and evaluate the batch
+    # best by that score (AnnealConfig.screen). No effect without a screen. 1: off
+    local_screen: int = 1
     local_cluster_prob: float | None = None  # AnnealConfig.cluster_prob: share of cluster moves (a METIS part of the
     #                                  groups, at 2, 4, 8... parts, to one device; placer.grouped.cluster_levels);
     #                                  None: by the device count (placer.grouped.auto_cluster_prob), as merges

@@ -47,7 +47,7 @@ from placer._npz import load_npz
 from placer.errors import SearchError, fmt_bytes
 from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
                             failure_reference, first_copies, group_key, grouped_baselines,
-                            initial_temperature, move_shares_error, neighbours)
+                            initial_temperature, move_shares_error, neighbours, screened)
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +153,11 @@ class Search:
                  baselines: Mapping[str, np.ndarray] | None = None, config=None, seed: int = 0,
                  out_dir: str | os.PathLike | None = None, progress: bool = True, checkpoint_every: int = 10,
                  device_capacity: Sequence[float] | None = None, tensorboard: bool = True,
-                 policy_inputs=None, pretrained=None):
+                 policy_inputs=None, pretrained=None, screen=None):
         self.grouping = grouping
+        # an Evaluator cheaper than `evaluator` that ranks the chain's candidate moves before any is evaluated
+        # (`ReinforceConfig.local_screen`; the problem's simulator when the reward is measured). None: no screening
+        self.screen = screen
         # a portable policy (placer.rl.portable): its inputs for this problem, and pretrained weights to start
         # from (None: fresh weights); the search then starts from the policy, not from a baseline's imitation
         self.policy_inputs = policy_inputs
@@ -944,12 +947,15 @@ class Search:
 
         cfg = self.config
         links = getattr(self.grouping, "adjacency", None) if cfg.local_block == "linked" else None
-        cands = neighbours(self._chain, self.allowed, self._local_rng, k, self._local_seen, links=links,
+        screen = max(1, int(cfg.local_screen)) if self.screen is not None else 1
+        cands = neighbours(self._chain, self.allowed, self._local_rng, k * screen, self._local_seen, links=links,
                            merge_prob=cfg.local_merge_prob, attract_prob=cfg.local_attract_prob,
                            prefer=self._policy_freq, prefer_prob=cfg.local_policy_prob,
                            clusters=self._clusters(), cluster_prob=cfg.local_cluster_prob)
         if not cands:
             return None
+        if len(cands) > k:          # the screened-out ones may be drawn again later, as in annealing
+            cands = screened(cands, k, self.screen, lambda g: self.grouping.expand(g, self.cpu_index))
         self._local_seen.update(group_key(g) for g in cands)
         fail_t = self.failure_step_time if self.failure_step_time is not None else 100.0
         r = evaluate_groups(cands, lambda i: self.grouping.expand(cands[i], self.cpu_index), self.evaluator,
