@@ -295,6 +295,19 @@ def test_keras_model_and_file(tmp_path):
     check_keras(load(tmp_path / "m.keras", batch_size=5, cache=False))
 
 
+def test_fetches_for_a_keras_model_or_a_built_in_model_are_refused_not_ignored(tmp_path):
+    from argparse import Namespace
+
+    model = tiny_keras()
+    with pytest.raises(GraphImportError, match="Keras model 'tiny_keras': fetches \\('loss'\\) apply to graphs"):
+        load(model, fetches=["loss"], batch_size=5, cache=False)
+    model.save(tmp_path / "m.keras")
+    with pytest.raises(GraphImportError, match="m.keras: fetches"):
+        load(tmp_path / "m.keras", fetches=["loss"], batch_size=5, cache=False)
+    with pytest.raises(GraphImportError, match="--fetch applies to a graph file, not to --model nmt"):
+        load_from_args(Namespace(graph=None, model="nmt", size="tiny", batch_size=None, fetch=["loss"]))
+
+
 def test_keras_not_compiled():
     import keras
 
