@@ -48,6 +48,9 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
     if workers and reward != "measure":     # they would be silently ignored
         raise PlacerError(f"workers={workers!r} measure placements on remote hosts: give reward='measure' "
                           f"(reward={reward!r} does not use them)")
+    from placer.runtime import no_auth_without_workers
+
+    no_auth_without_workers(workers, token_file=token_file)
     if out_dir is not None:
         new_run_dir(out_dir)       # now, not after the search: a bad or used directory never costs the budget
     from placer._tf import hide_gpus

@@ -97,6 +97,9 @@ def run_search(args) -> int:
     if args.budget is None:
         args.budget = DEFAULT_BUDGET
     _need_hardware(args)
+    from placer.runtime import no_auth_without_workers
+
+    no_auth_without_workers(args.workers, token_file=args.token_file)
     if args.reward == "measure" and not (args.devices or args.workers):
         raise SearchError("--reward measure needs real devices: --devices LIST (local) or --workers ADDR,...")
     budget = float(args.budget)
