@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -94,6 +95,21 @@ def test_workers_without_a_measured_reward_are_an_error_not_ignored():
 
     with pytest.raises(PlacerError, match=r"workers=\['127.0.0.1:50051'\] .* give reward='measure'"):
         placer.place(small_graph(), cluster=small_cluster(), budget_seconds=5, workers=["127.0.0.1:50051"])
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"samples": 128}, "samples=128 sets how a pretrained policy places: give policy="),
+    ({"refine_seconds": 2.0}, "refine_seconds=2.0 sets how a pretrained policy places"),
+    ({"batch_size": 512}, "fetches= and batch_size= apply when place() imports the graph, not to an OpGraph"),
+    ({"fetches": ["m"]}, "fetches= and batch_size= apply when place() imports the graph")])
+def test_place_arguments_that_would_be_unused_are_an_error(kwargs, words):
+    """place(graph, samples=128) without policy= ran a search from scratch and never sampled; place(op_graph,
+    batch_size=512) searched the graph at the batch size it was imported with: both silently."""
+    import placer
+    from placer.errors import PlacerError
+
+    with pytest.raises(PlacerError, match=re.escape(words)):
+        placer.place(small_graph(), cluster=small_cluster(), budget_seconds=5, **kwargs)
 
 
 def test_place_out_dir_is_checked_before_the_search(tmp_path):
