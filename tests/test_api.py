@@ -202,3 +202,21 @@ def test_retrace_keeps_layers_apart():
     cf, df = p.retrace(two_layers, spec)
     devices = {op.name: op.device for op in cf.graph.get_operations()}
     assert devices["dense/MatMul"].endswith("CPU:0") and devices["dense_1/MatMul_1"].endswith("CPU:1")
+
+
+def test_import_placer_alone_reaches_the_lower_level_pieces_the_readme_names():
+    """`import placer; placer.graphs.load(model)` raised AttributeError unless something (place()) had imported
+    placer.graphs first; likewise placer.sim.cluster.parse_cluster, placer.problem.build_problem..."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import placer, sys\n"
+            "fns = [placer.graphs.load, placer.problem.build_problem, placer.search.search,"
+            " placer.baselines.run_baseline, placer.sim.cluster.parse_cluster, placer.runtime.make_evaluator]\n"
+            "print(all(callable(f) for f in fns), 'tensorflow' in sys.modules)\n"
+            "try:\n    placer.nope\nexcept AttributeError as e:\n    print(e)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["True False", "module 'placer' has no attribute 'nope'"]
