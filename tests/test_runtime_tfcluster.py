@@ -148,6 +148,19 @@ def test_a_cluster_that_does_not_serve_in_time_leaves_no_task_running(tmp_path):
         _kill_all(_tasks_logging_to(tmp_path / "c.task0.log"))
 
 
+def test_cluster_up_never_overwrites_a_file_that_is_no_tasks_file(tmp_path, capsys):
+    """`placer cluster up --out placement.json` (a slip) replaced the search's placement file with a tasks file."""
+    path = tmp_path / "placement.json"
+    text = json.dumps({"format": 1, "graph_fingerprint": "f", "devices": ["/CPU:0"], "placement": {"a": "/CPU:0"}})
+    path.write_text(text)
+    try:
+        err = _one_line_error(capsys, main(["cluster", "up", "--tasks", "1", "--out", str(path)]))
+        assert f"--out {path}: {path} is a placement file" in err and "will not overwrite it" in err
+        assert path.read_text() == text and not (tmp_path / "placement.task0.log").exists()
+    finally:
+        _kill_all(_tasks_logging_to(tmp_path / "placement.task0.log"))
+
+
 def test_port_in_use_and_too_many_cores_are_one_line_errors(tmp_path, capsys):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

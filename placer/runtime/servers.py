@@ -225,9 +225,10 @@ def cluster_up(tasks: int, out: "str | os.PathLike", *, cores_per_task: int | No
     if out.exists():
         try:
             old = load_tasks(out)
-        except TasksFileError:
-            old = None
-        live = [t for t in (old.tasks if old else ()) if t.pid and _running_placer_task(t.pid, t)]
+        except TasksFileError as e:     # another file (a placement, a cluster JSON...): never overwritten
+            raise ClusterError(f"--out {out}: {e}; cluster up will not overwrite it (remove it or pick another "
+                               "--out)") from None
+        live = [t for t in old.tasks if t.pid and _running_placer_task(t.pid, t)]
         if live:
             raise ClusterError(f"{out} lists tasks that still run ({', '.join(t.label for t in live)}): "
                                f"`placer cluster down {out}` first")
