@@ -56,6 +56,23 @@ def test_unknown_device_and_unknown_spec_named():
         Placement.load("/nonexistent/placement.json")
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"placement": {"v": None}}, "op 'v' is placed on None, not on a device name (a string)"),   # was: on 'None'
+    ({"placement": {"v": 3}}, "op 'v' is placed on 3, not on a device name (a string)"),
+    ({"format": "1"}, "placement format '1' is not supported (expected 1)"),          # was: format 1 ... expected 1
+    ({"graph_fingerprint": 7}, "\"graph_fingerprint\" must be a string, got 7"),
+    ({"devices": "/GPU:0"}, "\"devices\" must be a list of device names, got '/GPU:0'")])
+def test_a_placement_file_field_of_the_wrong_type_is_named(tmp_path, change, message):
+    g, c = small_graph(), small_cluster()
+    d = Placement.from_indices(g, c.device_names, round_robin_placement(g, c)).to_json()
+    for k, v in change.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) else v
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    with pytest.raises(PlacementError) as e:
+        Placement.load(tmp_path / "p.json")
+    assert str(e.value) == f"{tmp_path / 'p.json'}: {message}"
+
+
 def test_placement_naming_ops_not_in_the_graph_is_an_error(tmp_path):
     """A (hand-edited) placement file that names an op the graph does not have is refused, naming the op, even
     when it places every op of the graph."""
