@@ -308,6 +308,20 @@ def test_fetches_for_a_keras_model_or_a_built_in_model_are_refused_not_ignored(t
         load_from_args(Namespace(graph=None, model="nmt", size="tiny", batch_size=None, fetch=["loss"]))
 
 
+def test_keras_step_that_fails_to_trace_names_the_error_not_autographs_header():
+    """A Keras model compiled without a loss said only "cannot trace the training step of Keras model 'm': in user
+    code:" (the first line of autograph's wrapped error), never why."""
+    import keras
+
+    inp = keras.Input((4,), batch_size=2)
+    model = keras.Model(inp, keras.layers.Dense(2)(inp), name="m")
+    model.compile(optimizer="sgd")
+    with pytest.raises(GraphImportError) as e:
+        load(model, cache=False)
+    assert str(e.value) == ("cannot trace the training step of Keras model 'm': ValueError: No loss to compute. "
+                            "Provide a `loss` argument in `compile()`.")
+
+
 def test_keras_not_compiled():
     import keras
 

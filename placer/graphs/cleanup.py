@@ -14,6 +14,7 @@ from __future__ import annotations
 import graphlib
 import hashlib
 import logging
+import re
 from typing import Callable, Iterable, Sequence
 
 from placer.errors import GraphImportError
@@ -37,10 +38,24 @@ def op_name(inp: str) -> str:
     return s.split(":")[0]
 
 
+_RAISED = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception): \S")
+
+
 def first_line(e: BaseException) -> str:
-    """The first line of an exception's message (TF's run to pages), or its type's name."""
+    """The first line of an exception's message (TF's run to pages), or its type's name. An error raised inside a
+    traced function (autograph's "in user code:", then the frames) gives the line of the error it wraps.
+
+    >>> first_line(ValueError('in user code:\\n\\n    File "x.py", line 3, in f  *\\n        g()\\n\\n'
+    ...                       '    ValueError: No loss to compute.\\n'))
+    'ValueError: No loss to compute.'
+    """
     s = str(getattr(e, "message", None) or e).strip()
-    return s.splitlines()[0] if s else type(e).__name__
+    lines = s.splitlines()
+    if lines and lines[0].strip() == "in user code:":
+        raised = [ln.strip() for ln in lines if _RAISED.match(ln)]
+        if raised:
+            return raised[-1]
+    return lines[0] if s else type(e).__name__
 
 
 def unique_name(base: str, taken: set[str]) -> str:
