@@ -150,14 +150,19 @@ class Placement:
         else:
             raise PlacementError(f"Placement.apply takes an OpGraph, MetaGraphDef or GraphDef, not "
                                  f"{type(graph).__name__}")
+        matched = 0
         for node in gd.node:
             d = self.mapping.get(node.name)
             if d is not None:
+                matched += 1
                 node.device = d
                 # a _class colocation attr would override the device at run time; the placement keeps
                 # co-location itself, so the attr is dropped to let the assigned device stand
                 if "_class" in node.attr:
                     del node.attr["_class"]
+        if gd.node and self.mapping and not matched:      # another graph's placement: nothing would be placed
+            raise PlacementError(f"the placement (for graph {self.graph_fingerprint or '?'}) names none of the "
+                                 f"{len(gd.node)} nodes of this graph (its first: {gd.node[0].name!r})")
         return out
 
     def device_function(self) -> "DeviceFunction":

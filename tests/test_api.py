@@ -174,6 +174,9 @@ def test_apply_sets_devices_on_graphdef():
     placed = Placement({"a": "/GPU:1"}, ["/GPU:1"]).apply(gd)
     assert [n.device for n in placed.node] == ["/GPU:1", ""]
     assert [n.device for n in gd.node] == ["", ""]  # the input is not modified
+    with pytest.raises(PlacementError) as e:          # another graph's placement returned the graph unplaced
+        Placement({"x": "/GPU:1"}, ["/GPU:1"], "f00").apply(gd)
+    assert str(e.value) == "the placement (for graph f00) names none of the 2 nodes of this graph (its first: 'a')"
 
 
 def test_retrace_reports_matched_ops():
