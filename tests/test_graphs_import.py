@@ -454,6 +454,22 @@ def test_placeholder_unknown_batch_needs_batch_size():
         load(tf1_graph(), cache=False)
 
 
+def test_a_batch_size_no_placeholder_needs_is_refused_not_ignored():
+    """--batch-size 8 on a graph (or Keras model) whose batch is already 2 was silently unused: the step kept 2."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2, 4], name="x")
+        tf.reduce_sum(x * 2.0, name="loss")
+    with pytest.raises(GraphImportError) as e:
+        load(g, fetches=["loss"], batch_size=8, cache=False)
+    assert str(e.value) == ("tf.Graph: batch size 8 is unused: no placeholder of the step has an unknown batch "
+                            "dimension (drop --batch-size / batch_size=)")
+    assert load(g, fetches=["loss"], cache=False).num_ops
+    with pytest.raises(GraphImportError, match="Keras model 'tiny_keras': batch size 8 is unused: its inputs have a "
+                                               "batch dimension"):
+        load(tiny_keras(batch=2), batch_size=8, cache=False)
+
+
 def test_unsupported_source():
     with pytest.raises(GraphImportError, match="cannot import a int"):
         load(42)

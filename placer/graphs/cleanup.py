@@ -200,14 +200,16 @@ def _fmt_shape(dims) -> str:
     return "[" + ",".join("?" if d < 0 else str(d) for d in dims) + "]"
 
 
-def fix_placeholder(nd, batch_size: int | None, where: str) -> None:
-    """Give placeholder NodeDef `nd` a fully static shape (an unknown first dim becomes `batch_size`)."""
+def fix_placeholder(nd, batch_size: int | None, where: str) -> bool:
+    """Give placeholder NodeDef `nd` a fully static shape (an unknown first dim becomes `batch_size`); True when
+    it took `batch_size`."""
     shape = nd.attr["shape"].shape
     if "shape" not in nd.attr or shape.unknown_rank:
         raise GraphImportError(f"{where}: placeholder {nd.name!r} has no static shape; give it a shape "
                                "(synthetic feeds need one)")
     dims = [d.size for d in shape.dim]
-    if dims and dims[0] < 0:
+    fixed = bool(dims) and dims[0] < 0
+    if fixed:
         if batch_size is None:
             raise GraphImportError(f"{where}: placeholder {nd.name!r} has an unknown batch dimension "
                                    f"{_fmt_shape(dims)}: give a batch size (--batch-size B / batch_size=B)")
@@ -216,6 +218,7 @@ def fix_placeholder(nd, batch_size: int | None, where: str) -> None:
     if any(d < 0 for d in dims):
         raise GraphImportError(f"{where}: placeholder {nd.name!r} has unknown dimensions {_fmt_shape(dims)}; only the "
                                "batch (first) dimension can be fixed with --batch-size")
+    return fixed
 
 
 # --------------------------------------------------------------------------------------------- initialisers
@@ -272,7 +275,7 @@ def _kept_graph_def(gd, everything: set[str], keep: set[str], batch_size, where)
 
     out_gd = graph_pb2.GraphDef()
     out_gd.versions.CopyFrom(gd.versions)
-    feeds = []
+    feeds, took_batch = [], False
     for nd in gd.node:
         if nd.name not in everything:
             continue
@@ -293,7 +296,10 @@ def _kept_graph_def(gd, everything: set[str], keep: set[str], batch_size, where)
                 del nn.attr["_class"]
         if nd.op == "Placeholder" and nd.name in keep:
             feeds.append(nd.name)
-            fix_placeholder(nn, batch_size, where)
+            took_batch = fix_placeholder(nn, batch_size, where) or took_batch
+    if batch_size is not None and not took_batch:      # it would be silently unused
+        raise GraphImportError(f"{where}: batch size {batch_size} is unused: no placeholder of the step has an unknown "
+                               "batch dimension (drop --batch-size / batch_size=)")
     used = used_functions(out_gd.node, gd.library)
     if used:
         out_gd.library.function.extend(f for f in gd.library.function if f.signature.name in used)

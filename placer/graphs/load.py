@@ -202,6 +202,14 @@ def _from_saved_model(sm, fetches, batch_size, name, where) -> OpGraph:
 
 def _load_keras(model, *, batch_size, name, cache) -> OpGraph:
     check_compiled(model)
+    try:
+        known = [t for t in model.inputs if t.shape and t.shape[0] is not None]
+    except (AttributeError, ValueError, TypeError):   # unbuilt: keras_step_function says so
+        known = []
+    if batch_size is not None and known and len(known) == len(model.inputs):     # it would be silently unused
+        raise GraphImportError(f"Keras model {model.name!r}: batch size {batch_size} is unused: its inputs have a "
+                               f"batch dimension ({known[0].name!r} is {tuple(known[0].shape)}); drop --batch-size / "
+                               "batch_size=")
     key = keras_key(model)
     build = lambda: convert_keras(model, batch_size=batch_size, name=name or model.name)  # noqa: E731
     if key is None:
