@@ -125,3 +125,13 @@ def test_calibrate_settings_are_checked_before_any_measurement(flags, message, t
     assert main(["calibrate", *TINY, "--devices", "cpu:2", "--out", str(tmp_path / "cal"), *flags]) == 2
     [err] = capsys.readouterr().err.strip().splitlines()
     assert err == "placer calibrate: error: " + message
+
+
+@pytest.mark.parametrize("flag", ["--runs", "--warmup", "--timeout"])
+def test_measurement_flags_of_a_simulated_search_are_refused_not_ignored(flag, tmp_path, capsys):
+    """`placer search --cluster 2xK80 --runs 10` simulated every placement and never used --runs, silently."""
+    assert main(["search", *TINY, "--cluster", "2xK80", flag, "3", "--out", str(tmp_path / "run")]) == 2
+    [err] = capsys.readouterr().err.strip().splitlines()
+    assert err == (f"placer search: error: {flag} sets how placements are measured (--reward measure): a search on "
+                   "--cluster 2xK80 only simulates them")
+    assert not (tmp_path / "run").exists()
