@@ -18,9 +18,20 @@ _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 __all__ = ["place", "replace", "Placement", "SearchResult", "__version__"]
 
 
+# the lower-level pieces the README names (`placer.graphs.load`, `placer.problem.build_problem`,
+# `placer.sim.cluster.parse_cluster`...), imported on first use so that `import placer` alone reaches them
+_SUBMODULES = {"baselines": "", "errors": "", "graphs": "", "placement": "", "problem": "", "runtime": "",
+               "search": "", "sim": ".cluster"}
+
+
 def __getattr__(name):  # lazy exports keep `import placer` light
     if name in ("place", "replace", "Placement", "SearchResult"):
         from placer import api
 
         return getattr(api, name)
+    if name in _SUBMODULES:
+        import importlib
+
+        importlib.import_module(f"placer.{name}{_SUBMODULES[name]}")
+        return importlib.import_module(f"placer.{name}")
     raise AttributeError(f"module 'placer' has no attribute {name!r}")

@@ -21,7 +21,7 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
           seed: int = 0, workers=None, costs=None, max_groups: int | None = None, out_dir=None,
           progress: bool = False, batch_size: int | None = None, fetches=None, max_updates: int | None = None,
           token_file: str | None = None, config=None, allow_cpu: bool = False, policy=None,
-          samples: int = 64, sample_seconds: float | None = None,
+          samples: int | None = None, sample_seconds: float | None = None,
           refine_seconds: float | None = None, refine_moves: int | None = None) -> SearchResult:
     """Learn a placement for `graph` (an OpGraph, tf.Graph, GraphDef, MetaGraphDef, path, tf.function
     concrete function or compiled Keras model).
@@ -33,7 +33,7 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
 
     policy: a pretrained portable policy (`placer pretrain`'s directory, "default" for the shipped one, or
     `PortableWeights`): the search starts from its zero-shot answer (the best of the placements it samples, in
-    batches of `samples` for `sample_seconds`, default `placer.search.PLACE_SAMPLE_SECONDS`; 0: one batch;
+    batches of `samples` (default 64) for `sample_seconds`, default `placer.search.PLACE_SAMPLE_SECONDS`; 0: one batch;
     then local moves from that best for `refine_seconds`, default `PLACE_REFINE_SECONDS`, 0: none, or until
     `refine_moves` of them, default `PLACE_REFINE_MOVES`, 0: no limit, whichever ends first;
     `.extra["zero_shot"]`) instead of imitating a baseline, then fine-tunes for `budget_seconds` after that answer;
@@ -48,6 +48,18 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
     if workers and reward != "measure":     # they would be silently ignored
         raise PlacerError(f"workers={workers!r} measure placements on remote hosts: give reward='measure' "
                           f"(reward={reward!r} does not use them)")
+    zero_shot = {"samples": samples, "sample_seconds": sample_seconds, "refine_seconds": refine_seconds,
+                 "refine_moves": refine_moves}
+    if policy is None and any(v is not None for v in zero_shot.values()):     # they would be silently unused
+        name = next(k for k, v in zero_shot.items() if v is not None)
+        raise PlacerError(f"{name}={zero_shot[name]!r} sets how a pretrained policy places: give policy= "
+                          "(e.g. 'default')")
+    if isinstance(graph, OpGraph) and (fetches or batch_size is not None):
+        raise PlacerError("fetches= and batch_size= apply when place() imports the graph, not to an OpGraph "
+                          "(already imported: pass them to placer.graphs.load)")
+    from placer.runtime import no_auth_without_workers
+
+    no_auth_without_workers(workers, token_file=token_file)
     if out_dir is not None:
         new_run_dir(out_dir)       # now, not after the search: a bad or used directory never costs the budget
     from placer._tf import hide_gpus
@@ -76,7 +88,8 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
             from placer.search import place_settings
 
             config = dc_replace(config or ReinforceConfig(seed=seed),
-                                **place_settings(samples, sample_seconds, refine_seconds, refine_moves))
+                                **place_settings(ReinforceConfig().zero_shot_samples if samples is None else samples,
+                                                 sample_seconds, refine_seconds, refine_moves))
             if budget_seconds == 0:
                 budget_seconds, max_updates = 1.0, 0
         return search(problem, evaluator, reward=reward, budget_seconds=budget_seconds, seed=seed, config=config,

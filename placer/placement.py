@@ -117,11 +117,19 @@ class Placement:
             raise PlacementError(f"placement file {path} is not valid JSON: {e}") from None
         if not isinstance(d, dict) or "placement" not in d or not isinstance(d["placement"], dict):
             raise PlacementError(f"{path} is not a placement file (no 'placement' object)")
-        if d.get("format", PLACEMENT_FORMAT) != PLACEMENT_FORMAT:
-            raise PlacementError(f"{path}: placement format {d.get('format')} is not supported (expected 1)")
-        mapping = {str(k): str(v) for k, v in d["placement"].items()}
-        devices = [str(x) for x in d.get("devices") or sorted(set(mapping.values()))]
-        return Placement(mapping, devices, str(d.get("graph_fingerprint", "")))
+        if d.get("format", PLACEMENT_FORMAT) != PLACEMENT_FORMAT or isinstance(d.get("format"), (bool, str)):
+            raise PlacementError(f"{path}: placement format {d.get('format')!r} is not supported (expected 1)")
+        bad = next(((k, v) for k, v in d["placement"].items() if not isinstance(v, str)), None)
+        if bad:     # str(None) = 'None' was then reported as an unknown device
+            raise PlacementError(f"{path}: op {bad[0]!r} is placed on {bad[1]!r}, not on a device name (a string)")
+        devices = d.get("devices")
+        if devices is not None and not (isinstance(devices, list) and all(isinstance(x, str) for x in devices)):
+            raise PlacementError(f"{path}: \"devices\" must be a list of device names, got {devices!r}"[:300])
+        fp = d.get("graph_fingerprint") or ""
+        if not isinstance(fp, str):
+            raise PlacementError(f"{path}: \"graph_fingerprint\" must be a string, got {fp!r}")
+        mapping = {str(k): v for k, v in d["placement"].items()}
+        return Placement(mapping, list(devices or sorted(set(mapping.values()))), fp)
 
     # ---- TensorFlow -------------------------------------------------------------------
     def apply(self, graph):
@@ -145,14 +153,19 @@ class Placement:
         else:
             raise PlacementError(f"Placement.apply takes an OpGraph, MetaGraphDef or GraphDef, not "
                                  f"{type(graph).__name__}")
+        matched = 0
         for node in gd.node:
             d = self.mapping.get(node.name)
             if d is not None:
+                matched += 1
                 node.device = d
                 # a _class colocation attr would override the device at run time; the placement keeps
                 # co-location itself, so the attr is dropped to let the assigned device stand
                 if "_class" in node.attr:
                     del node.attr["_class"]
+        if gd.node and self.mapping and not matched:      # another graph's placement: nothing would be placed
+            raise PlacementError(f"the placement (for graph {self.graph_fingerprint or '?'}) names none of the "
+                                 f"{len(gd.node)} nodes of this graph (its first: {gd.node[0].name!r})")
         return out
 
     def device_function(self) -> "DeviceFunction":

@@ -195,6 +195,8 @@ def load_tasks(path: "str | os.PathLike") -> TasksFile:
         obj = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise TasksFileError(f"tasks file {str(p)} is not valid JSON: {e}") from None
+    if isinstance(obj, dict) and isinstance(obj.get("placement"), dict) and "tasks" not in obj:
+        raise TasksFileError(f"{str(p)} is a placement file (op → device), not a tasks file of `placer cluster up`")
     if isinstance(obj, dict) and "devices" in obj and "tasks" not in obj:
         raise TasksFileError(f"{str(p)} is a cluster JSON (simulated hardware): pass it as --cluster, not --devices")
     return tasks_from_dict(obj, str(p))

@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -55,6 +56,23 @@ def test_unknown_device_and_unknown_spec_named():
         Placement.load("/nonexistent/placement.json")
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"placement": {"v": None}}, "op 'v' is placed on None, not on a device name (a string)"),   # was: on 'None'
+    ({"placement": {"v": 3}}, "op 'v' is placed on 3, not on a device name (a string)"),
+    ({"format": "1"}, "placement format '1' is not supported (expected 1)"),          # was: format 1 ... expected 1
+    ({"graph_fingerprint": 7}, "\"graph_fingerprint\" must be a string, got 7"),
+    ({"devices": "/GPU:0"}, "\"devices\" must be a list of device names, got '/GPU:0'")])
+def test_a_placement_file_field_of_the_wrong_type_is_named(tmp_path, change, message):
+    g, c = small_graph(), small_cluster()
+    d = Placement.from_indices(g, c.device_names, round_robin_placement(g, c)).to_json()
+    for k, v in change.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) else v
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    with pytest.raises(PlacementError) as e:
+        Placement.load(tmp_path / "p.json")
+    assert str(e.value) == f"{tmp_path / 'p.json'}: {message}"
+
+
 def test_placement_naming_ops_not_in_the_graph_is_an_error(tmp_path):
     """A (hand-edited) placement file that names an op the graph does not have is refused, naming the op, even
     when it places every op of the graph."""
@@ -94,6 +112,21 @@ def test_workers_without_a_measured_reward_are_an_error_not_ignored():
 
     with pytest.raises(PlacerError, match=r"workers=\['127.0.0.1:50051'\] .* give reward='measure'"):
         placer.place(small_graph(), cluster=small_cluster(), budget_seconds=5, workers=["127.0.0.1:50051"])
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"samples": 128}, "samples=128 sets how a pretrained policy places: give policy="),
+    ({"refine_seconds": 2.0}, "refine_seconds=2.0 sets how a pretrained policy places"),
+    ({"batch_size": 512}, "fetches= and batch_size= apply when place() imports the graph, not to an OpGraph"),
+    ({"fetches": ["m"]}, "fetches= and batch_size= apply when place() imports the graph")])
+def test_place_arguments_that_would_be_unused_are_an_error(kwargs, words):
+    """place(graph, samples=128) without policy= ran a search from scratch and never sampled; place(op_graph,
+    batch_size=512) searched the graph at the batch size it was imported with: both silently."""
+    import placer
+    from placer.errors import PlacerError
+
+    with pytest.raises(PlacerError, match=re.escape(words)):
+        placer.place(small_graph(), cluster=small_cluster(), budget_seconds=5, **kwargs)
 
 
 def test_place_out_dir_is_checked_before_the_search(tmp_path):
@@ -141,6 +174,9 @@ def test_apply_sets_devices_on_graphdef():
     placed = Placement({"a": "/GPU:1"}, ["/GPU:1"]).apply(gd)
     assert [n.device for n in placed.node] == ["/GPU:1", ""]
     assert [n.device for n in gd.node] == ["", ""]  # the input is not modified
+    with pytest.raises(PlacementError) as e:          # another graph's placement returned the graph unplaced
+        Placement({"x": "/GPU:1"}, ["/GPU:1"], "f00").apply(gd)
+    assert str(e.value) == "the placement (for graph f00) names none of the 2 nodes of this graph (its first: 'a')"
 
 
 def test_retrace_reports_matched_ops():
@@ -186,3 +222,21 @@ def test_retrace_keeps_layers_apart():
     cf, df = p.retrace(two_layers, spec)
     devices = {op.name: op.device for op in cf.graph.get_operations()}
     assert devices["dense/MatMul"].endswith("CPU:0") and devices["dense_1/MatMul_1"].endswith("CPU:1")
+
+
+def test_import_placer_alone_reaches_the_lower_level_pieces_the_readme_names():
+    """`import placer; placer.graphs.load(model)` raised AttributeError unless something (place()) had imported
+    placer.graphs first; likewise placer.sim.cluster.parse_cluster, placer.problem.build_problem..."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import placer, sys\n"
+            "fns = [placer.graphs.load, placer.problem.build_problem, placer.search.search,"
+            " placer.baselines.run_baseline, placer.sim.cluster.parse_cluster, placer.runtime.make_evaluator]\n"
+            "print(all(callable(f) for f in fns), 'tensorflow' in sys.modules)\n"
+            "try:\n    placer.nope\nexcept AttributeError as e:\n    print(e)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["True False", "module 'placer' has no attribute 'nope'"]

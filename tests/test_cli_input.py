@@ -106,3 +106,32 @@ def test_an_output_path_that_cannot_be_written_is_one_line_before_any_work(argv,
     assert main([a.replace("{file}", str(f)) for a in argv]) == 2
     [err] = capsys.readouterr().err.strip().splitlines()
     assert err == f"placer {argv[0]}: error: " + message.replace("{file}", str(f))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--link-runs", "0"], "calibrate: --link-runs must be an integer >= 1, got 0"),
+    (["--runs", "0"], "calibrate: --runs must be an integer >= 1, got 0"),
+    (["--fit-placements", "-1"], "calibrate: --fit-placements must be an integer >= 0, got -1"),
+    (["--fit-placements", "3"], "calibrate: --fit-placements fits the shared speed of two or more TF cluster tasks: "
+                                "give --devices a tasks file of `placer cluster up` (not cpu:2)")])
+def test_calibrate_settings_are_checked_before_any_measurement(flags, message, tmp_path, capsys, monkeypatch):
+    """--link-runs 0 failed after the ping-pongs with "a link fit needs at least two sizes with a time (got 0)";
+    --fit-placements -1, or K on cpu:N (it fits TF cluster tasks only), was silently ignored."""
+    def no_work(*a, **k):
+        raise AssertionError("measuring began before the settings were checked")
+
+    monkeypatch.setattr("placer.runtime.local.LocalRunner", no_work)
+    monkeypatch.setattr("placer.cli.load_from_args", lambda args: None)     # the checks need no graph
+    assert main(["calibrate", *TINY, "--devices", "cpu:2", "--out", str(tmp_path / "cal"), *flags]) == 2
+    [err] = capsys.readouterr().err.strip().splitlines()
+    assert err == "placer calibrate: error: " + message
+
+
+@pytest.mark.parametrize("flag", ["--runs", "--warmup", "--timeout"])
+def test_measurement_flags_of_a_simulated_search_are_refused_not_ignored(flag, tmp_path, capsys):
+    """`placer search --cluster 2xK80 --runs 10` simulated every placement and never used --runs, silently."""
+    assert main(["search", *TINY, "--cluster", "2xK80", flag, "3", "--out", str(tmp_path / "run")]) == 2
+    [err] = capsys.readouterr().err.strip().splitlines()
+    assert err == (f"placer search: error: {flag} sets how placements are measured (--reward measure): a search on "
+                   "--cluster 2xK80 only simulates them")
+    assert not (tmp_path / "run").exists()

@@ -295,6 +295,33 @@ def test_keras_model_and_file(tmp_path):
     check_keras(load(tmp_path / "m.keras", batch_size=5, cache=False))
 
 
+def test_fetches_for_a_keras_model_or_a_built_in_model_are_refused_not_ignored(tmp_path):
+    from argparse import Namespace
+
+    model = tiny_keras()
+    with pytest.raises(GraphImportError, match="Keras model 'tiny_keras': fetches \\('loss'\\) apply to graphs"):
+        load(model, fetches=["loss"], batch_size=5, cache=False)
+    model.save(tmp_path / "m.keras")
+    with pytest.raises(GraphImportError, match="m.keras: fetches"):
+        load(tmp_path / "m.keras", fetches=["loss"], batch_size=5, cache=False)
+    with pytest.raises(GraphImportError, match="--fetch applies to a graph file, not to --model nmt"):
+        load_from_args(Namespace(graph=None, model="nmt", size="tiny", batch_size=None, fetch=["loss"]))
+
+
+def test_keras_step_that_fails_to_trace_names_the_error_not_autographs_header():
+    """A Keras model compiled without a loss said only "cannot trace the training step of Keras model 'm': in user
+    code:" (the first line of autograph's wrapped error), never why."""
+    import keras
+
+    inp = keras.Input((4,), batch_size=2)
+    model = keras.Model(inp, keras.layers.Dense(2)(inp), name="m")
+    model.compile(optimizer="sgd")
+    with pytest.raises(GraphImportError) as e:
+        load(model, cache=False)
+    assert str(e.value) == ("cannot trace the training step of Keras model 'm': ValueError: No loss to compute. "
+                            "Provide a `loss` argument in `compile()`.")
+
+
 def test_keras_not_compiled():
     import keras
 
@@ -425,6 +452,22 @@ def test_unknown_shapes_warn_with_fallback(caplog):
 def test_placeholder_unknown_batch_needs_batch_size():
     with pytest.raises(GraphImportError, match="placeholder 'x'.*batch size"):
         load(tf1_graph(), cache=False)
+
+
+def test_a_batch_size_no_placeholder_needs_is_refused_not_ignored():
+    """--batch-size 8 on a graph (or Keras model) whose batch is already 2 was silently unused: the step kept 2."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2, 4], name="x")
+        tf.reduce_sum(x * 2.0, name="loss")
+    with pytest.raises(GraphImportError) as e:
+        load(g, fetches=["loss"], batch_size=8, cache=False)
+    assert str(e.value) == ("tf.Graph: batch size 8 is unused: no placeholder of the step has an unknown batch "
+                            "dimension (drop --batch-size / batch_size=)")
+    assert load(g, fetches=["loss"], cache=False).num_ops
+    with pytest.raises(GraphImportError, match="Keras model 'tiny_keras': batch size 8 is unused: its inputs have a "
+                                               "batch dimension"):
+        load(tiny_keras(batch=2), batch_size=8, cache=False)
 
 
 def test_unsupported_source():

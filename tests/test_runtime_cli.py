@@ -52,3 +52,25 @@ def test_profile_writes_a_cost_table_the_simulator_loads(meta_file, tmp_path, ca
     mm = [i for i, ty in enumerate(g.types) if ty == "MatMul"]
     assert mm and all(secs[i] > 0 for i in mm)
     assert t.meta["runs"] == 2 and t.meta["estimated_ops"]["cpu"] == 0
+
+
+def test_a_token_or_tls_certificate_without_workers_is_refused_not_ignored(meta_file, tmp_path, capsys):
+    """--token-file / --tls-ca authenticate to --workers only: without them the placements were measured (or
+    searched) here and the flag silently unused."""
+    import placer
+    from placer.errors import MeasurementError
+    from placer.runtime import make_evaluator
+
+    tok = tmp_path / "token"
+    tok.write_text("s3cret")
+    for argv in (["measure", meta_file, "--devices", "cpu:1", "--token-file", str(tok)],
+                 ["measure", meta_file, "--devices", "cpu:1", "--tls-ca", str(tok)],
+                 ["search", meta_file, "--cluster", "2xK80", "--token-file", str(tok), "--out", str(tmp_path / "r")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and f"({tok}) is for remote workers: give them (--workers" in err, err
+    assert not (tmp_path / "r").exists()                    # refused before any work
+    with pytest.raises(MeasurementError, match="token file"):
+        make_evaluator(None, "cpu:1", token_file=str(tok))
+    with pytest.raises(MeasurementError, match="token file"):
+        placer.place(meta_file, cluster="2xK80", token_file=str(tok), budget_seconds=1)

@@ -123,6 +123,44 @@ def test_cluster_up_and_down_leave_no_process(tmp_path, capsys):
         _kill_all(pids)
 
 
+def _tasks_logging_to(log) -> list[int]:
+    """PIDs of the processes whose stdout is the file `log` (a task's log: only this test's tasks write there)."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and os.readlink(f"/proc/{d}/fd/1") == str(log) and not _gone(int(d)):
+                out.append(int(d))
+        except OSError:
+            pass
+    return out
+
+
+def test_a_cluster_that_does_not_serve_in_time_leaves_no_task_running(tmp_path):
+    """`cluster up --timeout 0` said "task(s) [0] did not serve within 0 s" and left the task serving (its pid,
+    written on the ready pipe, was never read), with no tasks file for `cluster down` to stop it by."""
+    _need_cores(1)
+    path = tmp_path / "c.json"
+    try:
+        with pytest.raises(ClusterError, match=r"task\(s\) \[0\] did not serve within 0 s"):
+            cluster_up(1, path, timeout=0)
+        assert _tasks_logging_to(tmp_path / "c.task0.log") == [] and not path.exists()
+    finally:
+        _kill_all(_tasks_logging_to(tmp_path / "c.task0.log"))
+
+
+def test_cluster_up_never_overwrites_a_file_that_is_no_tasks_file(tmp_path, capsys):
+    """`placer cluster up --out placement.json` (a slip) replaced the search's placement file with a tasks file."""
+    path = tmp_path / "placement.json"
+    text = json.dumps({"format": 1, "graph_fingerprint": "f", "devices": ["/CPU:0"], "placement": {"a": "/CPU:0"}})
+    path.write_text(text)
+    try:
+        err = _one_line_error(capsys, main(["cluster", "up", "--tasks", "1", "--out", str(path)]))
+        assert f"--out {path}: {path} is a placement file" in err and "will not overwrite it" in err
+        assert path.read_text() == text and not (tmp_path / "placement.task0.log").exists()
+    finally:
+        _kill_all(_tasks_logging_to(tmp_path / "placement.task0.log"))
+
+
 def test_port_in_use_and_too_many_cores_are_one_line_errors(tmp_path, capsys):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -254,6 +292,8 @@ def parse_cluster_dict(obj):
     ('{"format": 1, "job": "worker", "tasks": [{"address": "127.0.0.1:1234", "pid": null, "cores": [], '
      '"devices": ["/job:worker/replica:0/task:3/device:CPU:0"]}]}', "not a device of"),
     ('{"format": 1, "devices": [{"name": "/CPU:0", "kind": "cpu"}]}', "--cluster"),
+    ('{"format": 1, "graph_fingerprint": "f", "devices": ["/CPU:0"], "placement": {"a": "/CPU:0"}}',
+     "is a placement file (op → device), not a tasks file"),           # it said "a cluster JSON"
 ])
 def test_malformed_tasks_file_is_a_one_line_error(tmp_path, capsys, text, words):
     p = tmp_path / "bad.json"

@@ -151,6 +151,15 @@ def test_json_without_devices_is_one_line(tmp_path, obj):
     assert "\n" not in str(e.value) and "CLUSTER_JSON_DOC" in str(e.value)
 
 
+def test_a_placement_file_as_cluster_json_is_named_so(tmp_path):
+    p = tmp_path / "placement.json"
+    p.write_text(json.dumps({"format": 1, "graph_fingerprint": "f", "devices": ["/GPU:0", "/CPU:0"],
+                             "placement": {"a": "/GPU:0"}}))
+    with pytest.raises(ClusterError) as e:      # it said: device #0 needs at least a "name"
+        parse_cluster(str(p))
+    assert str(e.value) == f"{p} is a placement file (op → device), not a cluster JSON: pass it as --placement"
+
+
 def test_cpu_n_logical_devices():
     c = cluster_from_devices("cpu:3")
     assert c.device_names == ["/CPU:0", "/CPU:1", "/CPU:2"]

@@ -62,6 +62,9 @@ def load_from_args(args):
     if model:
         from placer.graphs.models import build_model
 
+        if getattr(args, "fetch", None):
+            raise GraphImportError(f"--fetch applies to a graph file, not to --model {model}")
+
         return build_model(model, size=getattr(args, "size", None) or "full", batch_size=bs,
                            layers=getattr(args, "layers", None), precision=getattr(args, "precision", None) or "fp32")
     if (getattr(args, "precision", None) or "fp32") != "fp32" or getattr(args, "layers", None):

@@ -9,7 +9,7 @@ import sys
 
 from placer import devnames
 from placer.errors import MeasurementError
-from placer.runtime import read_token
+from placer.runtime import no_auth_without_workers, read_token
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ def _measurer(args):
     from placer.runtime.devices import parse_devices
     from placer.tasks import looks_like_tasks_file
 
+    no_auth_without_workers(args.workers, token_file=args.token_file, tls_ca=getattr(args, "tls_ca", None))
     if looks_like_tasks_file(args.devices):
         if args.workers:
             raise MeasurementError(f"--devices {args.devices} is a tasks file (a TF cluster): drop --workers")

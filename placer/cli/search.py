@@ -97,6 +97,13 @@ def run_search(args) -> int:
     if args.budget is None:
         args.budget = DEFAULT_BUDGET
     _need_hardware(args)
+    timing = sorted({"warmup", "runs", "timeout"} & getattr(args, "given", set()))
+    if timing and args.reward != "measure" and not args.devices:      # they would be silently unused
+        raise SearchError(f"--{timing[0]} sets how placements are measured (--reward measure): a search on "
+                          f"--cluster {args.cluster} only simulates them")
+    from placer.runtime import no_auth_without_workers
+
+    no_auth_without_workers(args.workers, token_file=args.token_file)
     if args.reward == "measure" and not (args.devices or args.workers):
         raise SearchError("--reward measure needs real devices: --devices LIST (local) or --workers ADDR,...")
     budget = float(args.budget)

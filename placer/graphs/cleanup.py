@@ -14,6 +14,7 @@ from __future__ import annotations
 import graphlib
 import hashlib
 import logging
+import re
 from typing import Callable, Iterable, Sequence
 
 from placer.errors import GraphImportError
@@ -37,10 +38,24 @@ def op_name(inp: str) -> str:
     return s.split(":")[0]
 
 
+_RAISED = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception): \S")
+
+
 def first_line(e: BaseException) -> str:
-    """The first line of an exception's message (TF's run to pages), or its type's name."""
+    """The first line of an exception's message (TF's run to pages), or its type's name. An error raised inside a
+    traced function (autograph's "in user code:", then the frames) gives the line of the error it wraps.
+
+    >>> first_line(ValueError('in user code:\\n\\n    File "x.py", line 3, in f  *\\n        g()\\n\\n'
+    ...                       '    ValueError: No loss to compute.\\n'))
+    'ValueError: No loss to compute.'
+    """
     s = str(getattr(e, "message", None) or e).strip()
-    return s.splitlines()[0] if s else type(e).__name__
+    lines = s.splitlines()
+    if lines and lines[0].strip() == "in user code:":
+        raised = [ln.strip() for ln in lines if _RAISED.match(ln)]
+        if raised:
+            return raised[-1]
+    return lines[0] if s else type(e).__name__
 
 
 def unique_name(base: str, taken: set[str]) -> str:
@@ -185,14 +200,16 @@ def _fmt_shape(dims) -> str:
     return "[" + ",".join("?" if d < 0 else str(d) for d in dims) + "]"
 
 
-def fix_placeholder(nd, batch_size: int | None, where: str) -> None:
-    """Give placeholder NodeDef `nd` a fully static shape (an unknown first dim becomes `batch_size`)."""
+def fix_placeholder(nd, batch_size: int | None, where: str) -> bool:
+    """Give placeholder NodeDef `nd` a fully static shape (an unknown first dim becomes `batch_size`); True when
+    it took `batch_size`."""
     shape = nd.attr["shape"].shape
     if "shape" not in nd.attr or shape.unknown_rank:
         raise GraphImportError(f"{where}: placeholder {nd.name!r} has no static shape; give it a shape "
                                "(synthetic feeds need one)")
     dims = [d.size for d in shape.dim]
-    if dims and dims[0] < 0:
+    fixed = bool(dims) and dims[0] < 0
+    if fixed:
         if batch_size is None:
             raise GraphImportError(f"{where}: placeholder {nd.name!r} has an unknown batch dimension "
                                    f"{_fmt_shape(dims)}: give a batch size (--batch-size B / batch_size=B)")
@@ -201,6 +218,7 @@ def fix_placeholder(nd, batch_size: int | None, where: str) -> None:
     if any(d < 0 for d in dims):
         raise GraphImportError(f"{where}: placeholder {nd.name!r} has unknown dimensions {_fmt_shape(dims)}; only the "
                                "batch (first) dimension can be fixed with --batch-size")
+    return fixed
 
 
 # --------------------------------------------------------------------------------------------- initialisers
@@ -257,7 +275,7 @@ def _kept_graph_def(gd, everything: set[str], keep: set[str], batch_size, where)
 
     out_gd = graph_pb2.GraphDef()
     out_gd.versions.CopyFrom(gd.versions)
-    feeds = []
+    feeds, took_batch = [], False
     for nd in gd.node:
         if nd.name not in everything:
             continue
@@ -278,7 +296,10 @@ def _kept_graph_def(gd, everything: set[str], keep: set[str], batch_size, where)
                 del nn.attr["_class"]
         if nd.op == "Placeholder" and nd.name in keep:
             feeds.append(nd.name)
-            fix_placeholder(nn, batch_size, where)
+            took_batch = fix_placeholder(nn, batch_size, where) or took_batch
+    if batch_size is not None and not took_batch:      # it would be silently unused
+        raise GraphImportError(f"{where}: batch size {batch_size} is unused: no placeholder of the step has an unknown "
+                               "batch dimension (drop --batch-size / batch_size=)")
     used = used_functions(out_gd.node, gd.library)
     if used:
         out_gd.library.function.extend(f for f in gd.library.function if f.signature.name in used)

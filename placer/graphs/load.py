@@ -123,6 +123,7 @@ def load(
         return _load_path(Path(source), fetches=fetches, batch_size=batch_size, name=name, cache=cache)
     kind = _source_kind(source)
     if kind == "keras":
+        _no_keras_fetches(fetches, f"Keras model {source.name!r}")
         return _load_keras(source, batch_size=batch_size, name=name, cache=cache)
     if kind == "concrete":
         gd = source.graph.as_graph_def()
@@ -168,6 +169,13 @@ def _source_kind(source: Any) -> str:
     return "unknown"
 
 
+def _no_keras_fetches(fetches, what: str) -> None:
+    """A Keras model's step is its train_step (loss, gradients, update): fetches would be silently unused."""
+    if fetches:
+        raise GraphImportError(f"{what}: fetches ({fetches[0]!r}) apply to graphs, not to a Keras model, whose "
+                               "training step is imported whole")
+
+
 def _graph_element_name(x: Any) -> str:
     if isinstance(x, (str, bytes)):
         return x.decode() if isinstance(x, bytes) else x
@@ -194,6 +202,14 @@ def _from_saved_model(sm, fetches, batch_size, name, where) -> OpGraph:
 
 def _load_keras(model, *, batch_size, name, cache) -> OpGraph:
     check_compiled(model)
+    try:
+        known = [t for t in model.inputs if t.shape and t.shape[0] is not None]
+    except (AttributeError, ValueError, TypeError):   # unbuilt: keras_step_function says so
+        known = []
+    if batch_size is not None and known and len(known) == len(model.inputs):     # it would be silently unused
+        raise GraphImportError(f"Keras model {model.name!r}: batch size {batch_size} is unused: its inputs have a "
+                               f"batch dimension ({known[0].name!r} is {tuple(known[0].shape)}); drop --batch-size / "
+                               "batch_size=")
     key = keras_key(model)
     build = lambda: convert_keras(model, batch_size=batch_size, name=name or model.name)  # noqa: E731
     if key is None:
@@ -211,6 +227,7 @@ def _load_path(path: Path, *, fetches, batch_size, name, cache) -> OpGraph:
         key = ("savedmodel", hash_files(path), fetches, batch_size)
         return cached(key, lambda: _from_saved_model(read_saved_model(path), fetches, batch_size, nm, str(path)), cache)
     if path.suffix.lower() == ".keras":
+        _no_keras_fetches(fetches, f"Keras model {path}")
         key = ("keras_file", hashlib.sha256(path.read_bytes()).hexdigest(), batch_size)
         return cached(key, lambda: _load_keras(load_keras_file(path), batch_size=batch_size, name=nm, cache=False),
                       cache)

@@ -119,7 +119,7 @@ def convert_keras(model, *, batch_size: int | None, name: str) -> OpGraph:
     """A compiled Keras model's training step as an OpGraph (no cache)."""
     check_compiled(model)
     cf = keras_step_function(model, batch_size)
-    return convert_concrete(cf, fetches=None, batch_size=batch_size, name=name)
+    return convert_concrete(cf, fetches=None, batch_size=None, name=name)     # the trace fixed the batch
 
 
 def function_name(cf) -> str:

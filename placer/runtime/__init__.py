@@ -25,6 +25,23 @@ def read_token(path: str | None) -> str | None:
     return tok
 
 
+def no_auth_without_workers(workers, *, token_file=None, token=None, tls_ca=None) -> None:
+    """A token or a TLS certificate authenticates to remote workers only: given without `workers` it would be
+    silently unused and the placements measured here instead (MeasurementError naming it and the fix).
+
+    >>> no_auth_without_workers(None, token_file="token")
+    Traceback (most recent call last):
+    placer.errors.MeasurementError: a token file (token) is for remote workers: give them (--workers HOST:PORT,... \
+/ workers=[...]) or drop it
+    """
+    if workers:
+        return
+    for what, v in (("token file", token_file), ("token", token and "given"), ("TLS certificate", tls_ca)):
+        if v:
+            raise MeasurementError(f"a {what} ({v}) is for remote workers: give them (--workers HOST:PORT,... / "
+                                   "workers=[...]) or drop it")
+
+
 def make_evaluator(graph, devices, *, workers=None, token_file: str | None = None, token: str | None = None,
                    tls_ca: str | None = None, warmup: int = 2, runs: int = 5, timeout: float = 600.0,
                    check: bool = True):
@@ -34,6 +51,7 @@ def make_evaluator(graph, devices, *, workers=None, token_file: str | None = Non
     the worker / machine / task, the missing devices and the fix) when a device is missing."""
     from placer.tasks import looks_like_tasks_file
 
+    no_auth_without_workers(workers, token_file=token_file, token=token, tls_ca=tls_ca)
     if looks_like_tasks_file(devices):
         if workers:
             from placer.errors import MeasurementError
@@ -62,7 +80,7 @@ def make_evaluator(graph, devices, *, workers=None, token_file: str | None = Non
     return ev
 
 
-__all__ = ["make_evaluator", "measured_cluster", "read_token"]
+__all__ = ["make_evaluator", "measured_cluster", "no_auth_without_workers", "read_token"]
 
 
 def measured_cluster(graph, devices, *, workers=None, token_file: str | None = None, token: str | None = None,
@@ -74,6 +92,7 @@ def measured_cluster(graph, devices, *, workers=None, token_file: str | None = N
     from placer.sim.cluster import cluster_from_devices
     from placer.tasks import looks_like_tasks_file
 
+    no_auth_without_workers(workers, token_file=token_file, token=token, tls_ca=tls_ca)
     if workers and not looks_like_tasks_file(devices):
         from placer.runtime.remote import RemotePool
 

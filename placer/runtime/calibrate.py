@@ -171,9 +171,16 @@ def calibrate(graph, devices, out_dir: "str | os.PathLike", *, sizes: Sequence[i
     from placer.tasks import looks_like_tasks_file
 
     say = progress or (lambda msg: None)
+    for flag, v, low in (("--runs", profile_runs, 1), ("--link-runs", link_runs, 1), ("link_warmup", link_warmup, 0),
+                         ("--fit-placements", fit_placements, 0)):
+        if not isinstance(v, (int, np.integer)) or v < low:     # checked now, not after minutes of measuring
+            raise MeasurementError(f"calibrate: {flag} must be an integer >= {low}, got {v!r}")
+    cluster = cluster_from_devices(devices)
+    if fit_placements and not (looks_like_tasks_file(devices) and cluster.num_devices >= 2):
+        raise MeasurementError(f"calibrate: --fit-placements fits the shared speed of two or more TF cluster tasks: "
+                               f"give --devices a tasks file of `placer cluster up` (not {devices})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cluster = cluster_from_devices(devices)
     if looks_like_tasks_file(devices):
         from placer.runtime.tfcluster import TFClusterRunner
 

@@ -225,9 +225,10 @@ def cluster_up(tasks: int, out: "str | os.PathLike", *, cores_per_task: int | No
     if out.exists():
         try:
             old = load_tasks(out)
-        except TasksFileError:
-            old = None
-        live = [t for t in (old.tasks if old else ()) if t.pid and _running_placer_task(t.pid, t)]
+        except TasksFileError as e:     # another file (a placement, a cluster JSON...): never overwritten
+            raise ClusterError(f"--out {out}: {e}; cluster up will not overwrite it (remove it or pick another "
+                               "--out)") from None
+        live = [t for t in old.tasks if t.pid and _running_placer_task(t.pid, t)]
         if live:
             raise ClusterError(f"{out} lists tasks that still run ({', '.join(t.label for t in live)}): "
                                f"`placer cluster down {out}` first")
@@ -279,15 +280,7 @@ def cluster_up(tasks: int, out: "str | os.PathLike", *, cores_per_task: int | No
             ready, _, _ = select.select(waiting, [], [], min(left, 1.0))
             for fd in ready:
                 k = next(k for k, f in pipes.items() if f == fd)
-                chunk = os.read(fd, 65536)
-                bufs[k] += chunk
-                while b"\n" in bufs[k]:
-                    line, bufs[k] = bufs[k].split(b"\n", 1)
-                    msg = json.loads(line)
-                    pids[k] = int(msg["pid"])
-                    if "devices" in msg:
-                        devices[k] = list(msg["devices"])
-                if not chunk and k not in devices:
+                if not _read_ready_lines(fd, bufs, k, pids, devices) and k not in devices:
                     raise ClusterError(f"task {k} ({addresses[k]}) exited while starting: "
                                        f"{_log_tail(logs[k]) or 'see ' + logs[k]}")
         if not any_interface:
@@ -305,11 +298,37 @@ def cluster_up(tasks: int, out: "str | os.PathLike", *, cores_per_task: int | No
         result.save(out)
         return result
     except BaseException:
+        # a task whose pid line was not read yet (a timeout before the first read) is stopped too, never left
+        # serving with no tasks file naming it: its pid comes at once, so wait for it briefly
+        unread = {fd: k for k, fd in pipes.items() if k not in pids}
+        end = time.monotonic() + 5.0
+        while unread and time.monotonic() < end:
+            for fd in select.select(list(unread), [], [], 0.1)[0]:
+                try:
+                    more = _read_ready_lines(fd, bufs, unread[fd], pids, devices)
+                except (OSError, ValueError, KeyError):
+                    more = False
+                if not more or unread[fd] in pids:
+                    del unread[fd]
         _stop_pids(list(pids.values()))
         raise
     finally:
         for fd in pipes.values():
             os.close(fd)
+
+
+def _read_ready_lines(fd: int, bufs: dict, k: int, pids: dict, devices: dict) -> bool:
+    """Read what task k wrote on its ready pipe (`{"pid": P}`, then `{"pid": P, "devices": [...]}`) into `pids`
+    and `devices`; False at the end of the pipe."""
+    chunk = os.read(fd, 65536)
+    bufs[k] += chunk
+    while b"\n" in bufs[k]:
+        line, bufs[k] = bufs[k].split(b"\n", 1)
+        msg = json.loads(line)
+        pids[k] = int(msg["pid"])
+        if "devices" in msg:
+            devices[k] = list(msg["devices"])
+    return bool(chunk)
 
 
 def _gone(pid: int) -> bool:

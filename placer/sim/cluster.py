@@ -454,6 +454,8 @@ def cluster_from_dict(obj: dict, source: str = "<dict>") -> Cluster:
         raise ClusterError(f"{source} is a tasks file (TF cluster tasks), not a cluster JSON: measure or search "
                            f"on it with --devices {source}, or simulate the cluster.json that `placer calibrate "
                            f"--devices {source} --out DIR` writes")
+    if isinstance(obj, dict) and isinstance(obj.get("placement"), dict):
+        raise ClusterError(f"{source} is a placement file (op → device), not a cluster JSON: pass it as --placement")
     if not isinstance(obj, dict) or not isinstance(obj.get("devices"), list) or not obj["devices"]:
         raise ClusterError(f"{source}: a cluster JSON needs a non-empty \"devices\" list, e.g. {{\"devices\": "
                            f"[{{\"name\": \"/GPU:0\", \"kind\": \"V100\"}}]}} (the format: "
