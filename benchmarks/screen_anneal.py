@@ -61,7 +61,7 @@ def table() -> None:
     for (model, cluster, n), c in cells.items():
         base = c.get((0.0, 1, "op"), {})
         bm = st.mean(base.values()) if base else float("nan")
-        for (sigma, screen, level), v in sorted(c.items(), key=lambda kv: (kv[0][1] != 1, kv[0][2], kv[0])):
+        for (sigma, screen, level), v in sorted(c.items(), key=lambda kv: (kv[0][1] != 1, kv[0][2] != "op", kv[0])):
             m = st.mean(v.values())
             both = [s for s in v if s in base]
             plain = screen == 1
