@@ -286,7 +286,7 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
            seed: int | None = None, config=None, out_dir=None, progress: bool = False,
            max_updates: int | None = None, patience: int | None = None, resume: bool = False,
            remeasure: bool = True, model_name: str | None = None, policy=None,
-           max_evaluations: int | None = None, screen="auto") -> SearchResult:
+           max_evaluations: int | None = None, screen="auto", measure_settings: dict | None = None) -> SearchResult:
     """Search a placement for `problem`. `evaluator` scores placements (default: the problem's simulator; a
     runtime evaluator for measured rewards, whose devices must be the problem's). `reward` labels the summary
     ("sim" or "measure"). Writes the files of CLI.md into `out_dir` when given; `resume` continues the search
@@ -295,7 +295,9 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     (`extra["zero_shot"]`), then the search fine-tunes it (`max_updates=0`: the zero-shot answer alone).
     `max_evaluations`: stop once this many placements were evaluated (baselines included). `screen`: an Evaluator
     that ranks the chain's candidate moves before `evaluator` evaluates the best of them (`ReinforceConfig.
-    local_screen`); "auto": the problem's simulator when `evaluator` is another (a measured reward), else none."""
+    local_screen`); "auto": the problem's simulator when `evaluator` is another (a measured reward), else none.
+    `measure_settings`: warmup, runs and timeout of the re-measurement of a simulated search on real devices
+    (`remeasure`; default `make_evaluator`'s)."""
     from dataclasses import replace as dc_replace
 
     from placer.rl.reinforce import ReinforceConfig
@@ -342,7 +344,7 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
         if getattr(evaluator, "events", None):      # measurement workers that went out (and came back)
             result.extra["workers_out"] = list(evaluator.events)
     if remeasure and reward == "sim" and problem.devices is not None:
-        result.extra["measured"] = remeasure_best(problem, res)
+        result.extra["measured"] = remeasure_best(problem, res, **(measure_settings or {}))
     if out is not None:
         write_outputs(out, problem, res, result, reward=reward, seed=seed, model_name=model_name or problem.graph.name)
     return _remember(result, problem, seed, s)
@@ -416,13 +418,14 @@ def confirm_best(problem: PlacementProblem, evaluator, res, result: SearchResult
         result.evaluations += CONFIRM_ROUNDS * len(cands)
 
 
-def remeasure_best(problem: PlacementProblem, res) -> list[dict]:
-    """Measure the returned, the policy's best and the best baseline placements on the problem's real devices."""
+def remeasure_best(problem: PlacementProblem, res, **settings) -> list[dict]:
+    """Measure the returned, the policy's best and the best baseline placements on the problem's real devices;
+    `settings`: how (`make_evaluator`'s warmup, runs, timeout; its defaults when absent)."""
     uniq = _candidates(problem, res)
     try:
         from placer.runtime import make_evaluator
 
-        with make_evaluator(problem.graph, problem.devices) as ev:
+        with make_evaluator(problem.graph, problem.devices, **settings) as ev:
             outs = ev.evaluate([p for _, p in uniq])
     except PlacerError as e:
         log.warning("re-measuring on %s failed: %s", problem.devices, e)

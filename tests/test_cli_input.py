@@ -135,3 +135,37 @@ def test_measurement_flags_of_a_simulated_search_are_refused_not_ignored(flag, t
     assert err == (f"placer search: error: {flag} sets how placements are measured (--reward measure): a search on "
                    "--cluster 2xK80 only simulates them")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_simulated_search_on_devices_remeasures_with_the_given_timing(tmp_path, monkeypatch):
+    """`placer search --devices cpu:2 --reward sim --runs 1 --warmup 0` re-measures its best placements on those
+    devices at the end: with the given --runs/--warmup/--timeout (they were accepted and the defaults used)."""
+    import json
+
+    import placer.runtime
+    from placer.sim.evaluator import Evaluator, Outcome
+
+    seen = []
+
+    class Fake(Evaluator):
+        devices = ["/CPU:0", "/CPU:1"]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def evaluate(self, placements):
+            return [Outcome(step_time=0.01) for _ in placements]
+
+    def fake_make_evaluator(graph, devices, **kw):
+        seen.append(kw)
+        return Fake()
+
+    monkeypatch.setattr(placer.runtime, "make_evaluator", fake_make_evaluator)
+    out = tmp_path / "run"
+    assert main(["search", *TINY, "--devices", "cpu:2", "--reward", "sim", "--runs", "1", "--warmup", "0",
+                 "--timeout", "30", "--max-updates", "0", "--no-progress", "--out", str(out)]) == 0
+    assert seen and all(kw == {"warmup": 0, "runs": 1, "timeout": 30.0} for kw in seen)
+    assert json.loads((out / "summary.json").read_text())["measured"][0]["measured_s"] == 0.01

@@ -53,7 +53,8 @@ def test_replace_uses_no_lost_device_and_fits(run_dir, tmp_path):
 
 
 def test_restored_policy_keeps_surviving_groups_where_they_were(run_dir):
-    """The policy's first samples after restoring put most groups whose device survived on that device."""
+    """After restoring, the policy's mode puts most groups whose device survived on that device (its samples
+    did too, but how peaked the run's policy is depends on its chain's wall share: 0.58 on a slow hour)."""
     from placer.problem import build_problem, cluster_without
     from placer.rl.reinforce import ReinforceConfig
     from placer.rl.search import Search
@@ -74,13 +75,13 @@ def test_restored_policy_keeps_surviving_groups_where_they_were(run_dir):
     s = Search(grouping, p.simulator, cpu_index=survivors.cpu_index, allowed=p.allowed, progress=False,
                config=ReinforceConfig(seed=1))
     assert s.restore_policy(run_dir / "checkpoint", keep) is None
-    samples, _ = s.agent.sample(16)
+    new_mode, _ = s.agent.sample(1, greedy=True)
     new_of = {o: k for k, o in enumerate(keep)}
     old = old_mode[0]
     stay = np.array([int(d) in new_of for d in old])
     assert stay.sum() >= grouping.num_groups // 3                       # the test means something
-    same = np.mean([(samples[k][stay] == np.array([new_of[int(d)] for d in old[stay]])).mean() for k in range(16)])
-    assert same >= 0.8, same
+    same = (new_mode[0][stay] == np.array([new_of[int(d)] for d in old[stay]])).mean()
+    assert same >= 0.8, same             # device rows mapped wrongly (or not kept) agree at about chance, 1/4
     full.close()
     p.close()
 

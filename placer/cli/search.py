@@ -156,14 +156,15 @@ def run_search(args) -> int:
                             max_groups=args.groups, seed=int(args.seed or 0),
                             split_groups=getattr(args, "split_groups", None) or None)
     evaluator = None
+    # how placements are measured: by a measured search, or after a simulated one on --devices (the re-measurement)
+    measure_kw = {"warmup": int(flag_or(args, "warmup", 2)), "runs": int(flag_or(args, "runs", 5)),
+              "timeout": float(flag_or(args, "timeout", 600.0))}
     try:
         if args.reward == "measure":
             from placer.runtime import make_evaluator
 
             evaluator = make_evaluator(graph, args.devices if args.devices else problem.device_names,
-                                       workers=args.workers, token_file=args.token_file,
-                                       warmup=int(flag_or(args, "warmup", 2)), runs=int(flag_or(args, "runs", 5)),
-                                       timeout=float(flag_or(args, "timeout", 600.0)))
+                                       workers=args.workers, token_file=args.token_file, **measure_kw)
         config = None
         overrides = {**({} if getattr(args, "local_moves", None) is None else {"local_moves": int(args.local_moves)}),
                      **({} if merge is None else {"local_merge_prob": float(merge)}),
@@ -174,7 +175,7 @@ def run_search(args) -> int:
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,
                resume=resume, remeasure=getattr(args, "remeasure", True) is not False,
                model_name=args.model or graph.name, policy=getattr(args, "policy", None) or None,
-               max_evaluations=getattr(args, "max_evaluations", None))
+               max_evaluations=getattr(args, "max_evaluations", None), measure_settings=measure_kw)
     finally:
         if evaluator is not None:
             evaluator.close()
