@@ -213,6 +213,9 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
         raise SearchError(f"pretrain budget must be positive, got {budget_seconds} s")
     if not (np.isfinite(teacher_seconds) and teacher_seconds >= 0.0):
         raise SearchError(f"pretrain --teacher-seconds must be >= 0, got {teacher_seconds}")
+    from placer.problem import check_split_groups
+
+    check_split_groups(split_groups)      # now, not after building the corpus
     if isinstance(corpus, str):
         if corpus not in CORPORA:
             raise SearchError(f"unknown corpus {corpus!r}: use one of {', '.join(CORPORA)}")

@@ -153,6 +153,7 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
     if max_groups is not None and (isinstance(max_groups, bool) or not isinstance(max_groups, (int, np.integer))
                                    or max_groups < 1):
         raise SearchError(f"max_groups must be a positive integer (or None: the default), got {max_groups!r}")
+    check_split_groups(split_groups)          # before the baselines are computed
     if cluster is None:
         cluster = cluster_from_devices(devices)
     elif not isinstance(cluster, Cluster):
@@ -191,6 +192,16 @@ def build_problem(graph: OpGraph, cluster: "str | os.PathLike | Cluster | None" 
                             allowed=allowed, baselines=base, baseline_errors=errors,
                             lower_bound=float(sim.lower_bound()), devices=devices, allow_cpu=allow_cpu, seed=seed,
                             meta={"baseline_wall_s": walls, **({"split_groups": split_name} if split_name else {})})
+
+
+def check_split_groups(spec: str | None) -> None:
+    """A `split_groups` that is neither "best" nor a baseline's name is a SearchError naming it, before any problem
+    is built (`placer pretrain` builds its whole corpus first)."""
+    from placer.baselines import BASELINES
+
+    if spec and spec != "best" and spec not in BASELINES:
+        raise SearchError(f"cannot split groups by {spec!r}: no such baseline (use best or one of "
+                          f"{', '.join(BASELINES)})")
 
 
 def _split_baseline(spec: str, base: dict, errors: dict, sim) -> str:

@@ -644,6 +644,16 @@ def _tiny_task(item, split_groups=None):
     return _task(item, w, opt, config, 0, split_groups)
 
 
+def test_pretrain_names_an_unknown_split_groups_before_building_its_corpus(tmp_path, monkeypatch):
+    """`placer pretrain --split-groups bogus` said so only after building every corpus problem (minutes)."""
+    import placer.pretrain as pt
+    from placer.pretrain import pretrain
+
+    monkeypatch.setattr(pt, "_task", lambda *a, **k: pytest.fail("the corpus was built"))
+    with pytest.raises(SearchError, match="cannot split groups by 'bogus': no such baseline .*best"):
+        pretrain(tmp_path / "p", budget_seconds=5, split_groups="bogus")
+
+
 def test_pretrain_split_groups_imitates_the_best_baseline_exactly(capsys, tmp_path):
     """`placer pretrain --split-groups best`: each corpus problem's groups follow its fastest baseline's devices,
     so the imitation target is that baseline exactly (the same simulated step time), not its group-majority
@@ -657,7 +667,7 @@ def test_pretrain_split_groups_imitates_the_best_baseline_exactly(capsys, tmp_pa
         assert t.target is not None and t.target_s == pytest.approx(t.best_baseline_s, rel=1e-9)
     finally:
         t.problem.close()
-    with pytest.raises(SearchError, match="no problem of the corpus"):
+    with pytest.raises(SearchError, match="cannot split groups by 'nope': no such baseline"):   # before the corpus
         pretrain(tmp_path / "a", budget_seconds=1, corpus=[CorpusItem("rnnlm", "2xK80", "tiny")], split_groups="nope")
     from placer.cli import main
 
