@@ -20,10 +20,10 @@ def run_dir(tmp_path_factory):
     from placer.rl.reinforce import ReinforceConfig
 
     out = tmp_path_factory.mktemp("run") / "nmt"
-    # the simulated defaults without the chain's time share (which would triple this search's wall here, where
-    # TF's tracing dominates the wall; test_rl_search tests the share)
+    # the simulated defaults without the chain's time shares (which would make this search run to its budget here,
+    # where TF's tracing dominates the wall; test_rl_search tests the shares)
     placer.place(build_model("nmt", "tiny"), cluster="4xK80", budget_seconds=60, max_updates=12, out_dir=out,
-                 config=ReinforceConfig.for_reward("sim", seed=0, local_share=0.0))
+                 config=ReinforceConfig.for_reward("sim", seed=0, local_share=0.0, local_share_idle=0.0))
     return out
 
 
@@ -227,9 +227,10 @@ def test_replace_of_a_result_without_a_directory(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     res = placer.place(build_model("nmt", "tiny"), cluster="4xK80", budget_seconds=60, max_updates=3,
-                       config=ReinforceConfig.for_reward("sim", seed=0, local_share=0.0))
+                       config=ReinforceConfig.for_reward("sim", seed=0, local_share=0.0, local_share_idle=0.0))
     assert res.extra["out_dir"] is None and res.run is not None and res.run.policy is not None
-    fast = ReinforceConfig.for_reward("sim", seed=0, local_share=0.0)    # no chain's time share: seconds, not 30
+    # no chain's time shares: seconds, not 30
+    fast = ReinforceConfig.for_reward("sim", seed=0, local_share=0.0, local_share_idle=0.0)
     again = replace(res, ["/GPU:3"], budget_seconds=30, max_updates=2, config=fast)
     assert again.extra["restored"] and again.extra["notice"] is None
     assert set(again.placement.mapping.values()) <= {"/GPU:0", "/GPU:1", "/GPU:2", "/CPU:0"}
