@@ -513,6 +513,24 @@ def test_cache_hit(tmp_path):
     assert len(list((tmp_path / "cache").rglob("*.npz"))) == 2
 
 
+def test_cache_is_keyed_by_placer_version(tmp_path, monkeypatch):
+    """An entry another placer version wrote is a miss: an upgrade that changes how graphs are imported (OpGraph
+    fields, grouping inputs) must not reuse it (the key held the graph, the TF version and CACHE_FORMAT only)."""
+    import placer._version
+    from placer.graphs.cache import cached
+
+    built = []
+
+    def build(name):
+        built.append(name)
+        return OpGraph.build([("a", "X", 8)], name=name)
+
+    assert cached(("k",), lambda: build("old")).name == "old"
+    assert cached(("k",), lambda: build("again")).name == "old" and built == ["old"]      # a hit
+    monkeypatch.setattr(placer._version, "__version__", placer._version.__version__ + ".next")
+    assert cached(("k",), lambda: build("new")).name == "new" and built == ["old", "new"]
+
+
 def _entry(tmp_path):
     [f] = (tmp_path / "cache").rglob("*.npz")
     return f

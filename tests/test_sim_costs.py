@@ -91,6 +91,24 @@ def test_analytical_is_cached_per_kind():
     assert list(analytical_costs(g, cl).seconds["V100"]) == [1.0, 2.0, 3.0]
 
 
+def test_analytical_cache_is_keyed_by_placer_version(monkeypatch):
+    """A placer upgrade that changes the estimate must not read the columns an older placer cached (the key held
+    the graph, the device figures and TF's version only)."""
+    import placer._version
+
+    g = OpGraph.build([("mm", "MatMul", 4000, 0, 1e9), ("r", "Relu", 4000)], [("mm", "r")], name="versioned")
+    cl = parse_cluster("1xV100")                               # (a graph of its own: other tests' entries differ)
+    for old in cache_dir().glob(f"{g.fingerprint}-*"):         # a PLACER_TEST_CACHE kept from an earlier run
+        old.unlink()
+    true = analytical_costs(g, cl, cache=False).seconds["V100"]
+    assert np.array_equal(analytical_costs(g, cl).seconds["V100"], true)
+    [f] = cache_dir().glob(f"{g.fingerprint}-V100-*.npy")
+    np.save(f, np.array([1.0, 2.0]))                           # what an older placer left there
+    assert list(analytical_costs(g, cl).seconds["V100"]) == [1.0, 2.0]
+    monkeypatch.setattr(placer._version, "__version__", placer._version.__version__ + ".next")
+    assert np.array_equal(analytical_costs(g, cl).seconds["V100"], true)
+
+
 def test_tf_version_key_without_importing_tensorflow(tmp_path):
     """The cost cache's TF-version key comes from the package metadata: a cached table (`placer simulate`, a
     zero-shot placement) is read without the seconds of importing TensorFlow, and the key is TF's own version."""
