@@ -249,7 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(p)
 
     p = sub.add_parser("pretrain", help="train a portable policy over a corpus of graphs and clusters")
-    p.add_argument("--out", required=True, help="policy directory to write (policy.npz, policy.json)")
+    p.add_argument("--out", required=True, help="policy directory to write (policy.npz, policy.json); one that "
+                                                 "already holds a policy is refused unless --force")
+    p.add_argument("--force", action="store_true", help="overwrite the policy --out already holds")
     p.add_argument("--budget", type=float, default=1800.0, help="training seconds (default 1800; building the "
                                                                  "corpus comes on top)")
     p.add_argument("--corpus", default="default", help="default (LSTM families + random Keras stacks), wide (default + "
