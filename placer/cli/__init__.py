@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Callable
 
 from placer._version import __version__
 
@@ -369,12 +370,18 @@ def out_dir(path: str, flag: str = "--out") -> Path:
     return writable_dir(path, f"{flag} {path}")
 
 
-def out_file(path: str, flag: str) -> None:
+def out_file(path: str, flag: str, kind: "tuple[str, Callable[[Path], bool]] | None" = None,
+             command: str = "") -> None:
     """Check now that the file `path` can be written (its directory created, as the writers do): OutputError naming
-    the flag, the path and the OS's reason."""
+    the flag, the path and the OS's reason. `kind`: (what the command writes, e.g. "cost table"; a test that a file
+    is one): an existing non-empty file that is not one is never overwritten (a placement.json, a source file given
+    by a slip), as `placer cluster up --out` keeps any file that is no tasks file; one of that kind is replaced."""
     from placer.errors import OutputError, os_reason
 
     p = Path(path)
+    if kind is not None and p.is_file() and p.stat().st_size > 0 and not kind[1](p):
+        raise OutputError(f"{flag} {path}: the file exists and is no {kind[0]}; placer {command} will not overwrite it "
+                          f"(remove it or pick another {flag})")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         existed = p.exists()

@@ -419,6 +419,16 @@ def analytical_costs(graph: OpGraph, cluster: Cluster, *, cache: bool = True, us
                      {"grappler_coverage": covered_frac, "tensorflow": tfv})
 
 
+def is_cost_table(path: "str | os.PathLike") -> bool:
+    """Whether the file `path` reads as a cost table (`CostTable.load`, any graph): what `placer profile --out` may
+    replace."""
+    try:
+        CostTable.load(path)
+    except CostTableError:
+        return False
+    return True
+
+
 def load_or_analytical(graph: OpGraph, cluster: Cluster, path: "str | os.PathLike | None" = None) -> CostTable:
     """The table at `path` (checked against `graph`), with any device kind of `cluster` it lacks filled in
     analytically; without `path`, the analytical table."""
