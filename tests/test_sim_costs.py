@@ -79,6 +79,21 @@ def test_file_that_is_no_cost_table_says_so(tmp_path, content, reason):
     assert "pickle" not in str(e.value)
 
 
+def test_an_archive_that_is_no_cost_table_is_named_as_such(tmp_path):
+    """`--costs model.keras` (a zip) said "it has no 'kinds is not a file in the archive' field"."""
+    import zipfile
+
+    p = tmp_path / "m.keras"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("config.json", "{}")
+    np.savez(tmp_path / "other.npz", seconds=np.zeros(3))
+    for f, key in ((p, "kinds"), (tmp_path / "other.npz", "kinds")):
+        with pytest.raises(CostTableError) as e:
+            CostTable.load(f)
+        assert str(e.value) == (f"{str(f)!r} is not a cost table (an archive without {key!r}; `placer profile --out "
+                                f"FILE` writes one)")
+
+
 def test_analytical_is_cached_per_kind():
     g = hand_graph()
     cl = parse_cluster("2xV100")

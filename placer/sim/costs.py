@@ -152,6 +152,11 @@ class CostTable:
                 except ValueError:         # no npz: numpy would call it a pickle
                     raise CostTableError(f"{str(p)!r} is not a cost table (neither JSON nor an npz; `placer "
                                          f"profile --out FILE` writes one)") from None
+                missing = [k for k in ("kinds", "seconds", "fingerprint", "names", "cpu_only", "source", "meta")
+                           if k not in z.files]
+                if missing:    # another zip (a .keras model...) or npz: not "no 'x is not a file in the archive'"
+                    raise CostTableError(f"{str(p)!r} is not a cost table (an archive without {missing[0]!r}; "
+                                         f"`placer profile --out FILE` writes one)")
                 kinds = [str(k) for k in z["kinds"]]
                 secs = z["seconds"]
                 t = CostTable(str(z["fingerprint"]), tuple(str(x) for x in z["names"]), z["cpu_only"].astype(bool),
