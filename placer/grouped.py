@@ -326,6 +326,20 @@ def accept0_error(accept0: float, name: str = "accept0") -> str | None:
             f"exclusive: got {accept0}")
 
 
+def screen_error(screen, name: str = "screen") -> str | None:
+    """Why `screen` (`name`: the setting it came from) cannot say how many times a batch's moves are drawn for a
+    screen to pick the batch from (`screened`), or None when it can: a whole number, at least 1 (1: no screening).
+    Configs are checked with it before any work (`placer.baselines.anneal`, `placer.rl.search.Search`).
+
+    >>> screen_error(4) is None, screen_error(0, "AnnealConfig.screen")[:26]
+    (True, 'AnnealConfig.screen (how m')
+    """
+    if isinstance(screen, (int, np.integer)) and not isinstance(screen, bool) and screen >= 1:
+        return None
+    return (f"{name} (how many times the batch's moves are drawn for the screen to pick from; 1: no screening) must "
+            f"be a whole number of at least 1: got {screen!r}")
+
+
 def auto_merge_prob(merge_prob: float | None, num_devices: int, cpu_index: int | None) -> float:
     """The share of merge moves on `num_devices` devices (the host CPU at `cpu_index`, if any): `merge_prob`
     when given; when None ("auto", the default of `AnnealConfig.merge_prob` and `ReinforceConfig.local_merge_prob`)

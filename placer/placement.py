@@ -176,14 +176,16 @@ class Placement:
     def retrace(self, fn: Callable, *args, **kwargs):
         """Trace `fn` (a tf.function, or a plain Python function of tensors) under this placement's device
         function. Returns (ConcreteFunction, DeviceFunction) — the latter reports how many of the traced
-        ops it matched (`.matched`, `.unmatched`, `.match_fraction`), since op names drift between traces."""
+        ops it matched (`.matched`, `.unmatched`, `.match_fraction`), since op names drift between traces, counting
+        the ops TF placed by colocation without asking it (`.colocated`), and which matched ops sit on another
+        device than their placed one (`.off_device`): see `DeviceFunction.account`."""
         import tensorflow as tf
 
         df = self.device_function()
         tf_fn = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
         with tf.Graph().as_default() as g, g.device(df):
             cf = tf_fn.get_concrete_function(*args, **kwargs)
-        return cf, df
+        return cf, df.account(cf.graph)
 
 
 def _canon(device: str) -> str:
@@ -208,7 +210,7 @@ class DeviceFunction:
     3. else that of the ops whose names match with every suffix stripped, only when they all share one device
        (so `dense_2/MatMul` never takes the device of `dense/MatMul` when `dense_1/MatMul` sits elsewhere);
     4. else its own device (counted in `unmatched`).
-    Counts what it matched."""
+    Counts what it matched; `account(graph)` then adds the traced graph's ops it was never called for."""
 
     def __init__(self, placement: Placement):
         self.placement = placement
@@ -219,6 +221,9 @@ class DeviceFunction:
                 table[key] = d if table.get(key, d) == d else None    # None: ambiguous
         self.matched = 0
         self.unmatched: list[str] = []
+        self.colocated: list[str] = []      # ops TF placed by colocation, without calling this (`account`)
+        self.off_device: list[str] = []     # matched ops on another device than their placed one (`account`)
+        self._asked: set[str] = set()
 
     def device_for(self, name: str) -> str | None:
         """The placed device for a traced op name, or None (see the class docstring)."""
@@ -230,12 +235,33 @@ class DeviceFunction:
         return d
 
     def __call__(self, op) -> str:
+        self._asked.add(op.name)
         d = self.device_for(op.name)
         if d is None:
             self.unmatched.append(op.name)
             return op.device or ""
         self.matched += 1
         return d
+
+    def account(self, graph) -> "DeviceFunction":
+        """Count the ops of the traced `graph` (a tf.Graph / FuncGraph) this device function was never called for:
+        TF creates an op under `colocate_with` (gradients colocated with their forward ops, optimizer slots...) on
+        the device of the op it is colocated with, without asking device functions. Each is counted in `matched`
+        or `unmatched` by its name as the others are, and listed in `colocated`; every matched op whose traced
+        device is not its placed one (colocation, or a device scope inside the traced code, won) is listed in
+        `off_device`. Returns self."""
+        for op in graph.get_operations():
+            d = self.device_for(op.name)
+            if op.name not in self._asked:
+                self._asked.add(op.name)
+                self.colocated.append(op.name)
+                if d is None:
+                    self.unmatched.append(op.name)
+                else:
+                    self.matched += 1
+            if d is not None and _canon(op.device or "") != _canon(d) and op.name not in self.off_device:
+                self.off_device.append(op.name)
+        return self
 
     @property
     def match_fraction(self) -> float:

@@ -25,6 +25,7 @@ import logging
 import platform
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -188,10 +189,18 @@ def _greedy_ratio(t: _Task) -> float:
     return float(o.step_time / t.best_baseline_s) if o.ok else float("inf")
 
 
+def existing_policy(out_dir) -> Path | None:
+    """The policy file (policy.npz or policy.json) directory `out_dir` already holds, or None."""
+    for name in ("policy.npz", "policy.json"):
+        if (Path(out_dir) / name).exists():
+            return Path(out_dir) / name
+    return None
+
+
 def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem] | str = "default", seed: int = 0,
              hidden_size: int = 128, attn_size: int = 32, imitation_share: float = 0.3, progress: bool = False,
              learning_rate: float = 1e-3, init=None, split_groups: str | None = None,
-             teacher_seconds: float = 0.0) -> dict:
+             teacher_seconds: float = 0.0, overwrite: bool = False) -> dict:
     """Train a portable policy on `corpus` for `budget_seconds` of training (building the corpus is extra and
     reported as `build_wall_s`); write it to `out_dir`. Returns the info written into policy.json.
     init: go on training this policy (a `placer pretrain` directory, "default", or `PortableWeights`; its sizes
@@ -201,7 +210,12 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
     training, anneal each problem's target (its best grouped baseline) for this many seconds
     (`placer.baselines.anneal`, linked blocks) and imitate the annealed placement instead when it is faster, so the
     policy learns what a local search finds rather than what the heuristics do (expert iteration's improvement
-    operator, applied once); this time comes on top of the budget and is reported as `teacher_wall_s`."""
+    operator, applied once); this time comes on top of the budget and is reported as `teacher_wall_s`.
+    overwrite: replace the policy `out_dir` already holds (else SearchError naming its file, before any work)."""
+    held = existing_policy(out_dir)
+    if held is not None and not overwrite:
+        raise SearchError(f"{out_dir} already holds a policy ({held}), which the new one would overwrite: pick "
+                          f"another directory, or pass overwrite=True")
     import keras
     import tensorflow as tf
 
@@ -325,5 +339,5 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
     return info
 
 
-__all__ = ["CorpusItem", "HELD_OUT", "default_corpus", "parallel_corpus", "pretrain", "quick_corpus",
-           "wide_corpus"]
+__all__ = ["CorpusItem", "HELD_OUT", "default_corpus", "existing_policy", "parallel_corpus", "pretrain",
+           "quick_corpus", "wide_corpus"]

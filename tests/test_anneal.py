@@ -276,6 +276,28 @@ def test_an_accept0_outside_zero_one_is_a_clear_error(accept0):
     assert ev.batches == []
 
 
+@pytest.mark.parametrize("screen", [0, -2, 2.5, True])
+def test_a_screen_that_is_no_whole_number_of_at_least_one_is_a_clear_error(screen):
+    """AnnealConfig.screen / ReinforceConfig.local_screen: draw that many times a batch's moves for the screen to
+    pick from. 0 or less drew no moves at all (or was silently taken for 1), 2.5 was silently cut to 2: now the
+    annealer and the search refuse the config, naming the setting and the value, before any evaluation."""
+    from placer.errors import PlacementError, SearchError
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+
+    G = 6
+    gr = _grouping(G)
+    allowed = np.ones((G, 4), bool)
+    ev = ToyEvaluator(gr.expand(np.ones(G, int), CPU))
+    prob = _problem(gr, allowed, ev, {"single_gpu": gr.expand(np.zeros(G, int), CPU)})
+    with pytest.raises(PlacementError, match=rf"AnnealConfig.screen .* got {screen!r}"):
+        anneal(prob, max_evaluations=50, config=AnnealConfig(screen=screen), screen_by=ev)
+    with pytest.raises(SearchError, match=rf"ReinforceConfig.local_screen .* got {screen!r}"):
+        Search(gr, ev, cpu_index=CPU, allowed=allowed, config=ReinforceConfig(local_screen=screen),
+               progress=False, tensorboard=False)
+    assert ev.batches == []
+
+
 def test_merge_moves_empty_a_device_and_attractions_follow_links():
     """A merge moves every group on one device that may use another device there (one device emptied in one
     move); an attraction moves one group to a device holding a group it is linked to. Both keep each group on

@@ -195,6 +195,32 @@ def test_retrace_reports_matched_ops():
     assert df.unmatched == ["r"] and df.matched == len(names) - 1
 
 
+def test_retrace_counts_the_ops_colocation_creates():
+    """TF creates an op under colocate_with (tf.gradients' ops, optimizer slots) on its colocated op's device
+    without calling the device function: retrace left such ops out of matched/unmatched (4 of 5 ops counted,
+    match_fraction 1.0 whatever they were), and never said when colocation put a placed op elsewhere."""
+    import tensorflow as tf
+
+    def f(x):
+        y = tf.matmul(x, x, name="mm")
+        with tf.compat.v1.colocate_with(y):
+            z = tf.identity(y, name="z")
+        return tf.nn.relu(z, name="r")
+
+    spec = tf.TensorSpec([2, 2])
+    names = [op.name for op in tf.function(f).get_concrete_function(spec).graph.get_operations()]
+    assert "z" in names
+    cf, df = Placement({n: "/CPU:0" for n in names}, ["/CPU:0"]).retrace(f, spec)
+    assert df.matched == len(names) and df.unmatched == [] and df.colocated == ["z"] and df.off_device == []
+    # z placed apart from mm: colocation wins, and retrace says so
+    cf, df = Placement({**{n: "/CPU:0" for n in names}, "z": "/CPU:1"}, ["/CPU:0", "/CPU:1"]).retrace(f, spec)
+    assert {op.name: op.device for op in cf.graph.get_operations()}["z"].endswith("CPU:0")
+    assert df.colocated == ["z"] and df.off_device == ["z"] and df.matched == len(names)
+    # an op colocation creates that the placement does not name is unmatched, as any other
+    cf, df = Placement({n: "/CPU:0" for n in names if n != "z"}, ["/CPU:0"]).retrace(f, spec)
+    assert df.unmatched == ["z"] and df.matched == len(names) - 1 and df.match_fraction < 1
+
+
 def test_retrace_keeps_layers_apart():
     """A drifted name is matched within its own layer: `dense_1/*` never takes the device of `dense/*`."""
     from placer.placement import DeviceFunction

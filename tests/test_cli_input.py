@@ -108,6 +108,51 @@ def test_an_output_path_that_cannot_be_written_is_one_line_before_any_work(argv,
     assert err == f"placer {argv[0]}: error: " + message.replace("{file}", str(f))
 
 
+@pytest.mark.parametrize("argv, kind", [
+    (["simulate", *TINY, "--cluster", "2xK80", "--trace", "{file}"], "Chrome trace"),
+    (["profile", *TINY, "--devices", "cpu:1", "--out", "{file}"], "cost table"),
+])
+def test_an_output_file_of_another_kind_is_never_overwritten(argv, kind, tmp_path, capsys, monkeypatch):
+    """`placer simulate --trace placement.json` / `placer profile --out placement.json` (a slip) replaced the
+    user's placement file: refused now, one line, before any work (as `placer cluster up --out`); a file of the
+    kind the command writes (a trace, a cost table) is still replaced."""
+    import json
+
+    import numpy as np
+
+    import placer.cli
+    def no_work(*a, **k):
+        raise AssertionError("work began before the output path was checked")
+
+    monkeypatch.setattr(placer.cli, "load_from_args", no_work)
+    f = tmp_path / "placement.json"
+    text = json.dumps({"format": 1, "graph_fingerprint": "f", "devices": ["/CPU:0"], "placement": {"a": "/CPU:0"}})
+    f.write_text(text)
+    assert main([a.replace("{file}", str(f)) for a in argv]) == 2
+    [err] = capsys.readouterr().err.strip().splitlines()
+    flag = argv[-2]
+    assert err == (f"placer {argv[0]}: error: {flag} {f}: the file exists and is no {kind}; placer {argv[0]} will "
+                   f"not overwrite it (remove it or pick another {flag})")
+    assert f.read_text() == text
+    # what the command wrote before is replaced: a trace, a cost table (.json or .npz)
+    from placer.cli import out_file
+    from placer.graphs.opgraph import OpGraph
+    from placer.sim.cluster import parse_cluster
+    from placer.sim.costs import CostTable, is_cost_table
+    from placer.sim.simulator import Simulator
+    from placer.sim.trace import is_chrome_trace, write_trace
+
+    g = OpGraph.build([("a", "X", 8), ("b", "X", 8)], [("a", "b")])
+    cl = parse_cluster("2xK80")
+    write_trace(tmp_path / "t.json", g, cl, Simulator(g, cl, np.ones(2)).simulate(np.array([0, 1]), trace=True))
+    table = CostTable(g.fingerprint, g.names, g.cpu_only, {"cpu": np.array([1.0, 2.0])})
+    table.save(tmp_path / "c.json")
+    table.save(tmp_path / "c.npz")
+    for name, test in (("t.json", is_chrome_trace), ("c.json", is_cost_table), ("c.npz", is_cost_table)):
+        out_file(str(tmp_path / name), "--out", ("that kind", test), "x")
+    assert not is_chrome_trace(tmp_path / "c.json") and not is_cost_table(tmp_path / "t.json")
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--link-runs", "0"], "calibrate: --link-runs must be an integer >= 1, got 0"),
     (["--runs", "0"], "calibrate: --runs must be an integer >= 1, got 0"),

@@ -263,6 +263,25 @@ def tiny_keras(batch=None):
     return model
 
 
+def test_keras_model_with_dict_inputs_imports_without_a_structure_warning():
+    """A functional model built on a dict of inputs was called with a tuple: Keras printed "UserWarning: The
+    structure of `inputs` doesn't match the expected structure" on every import (`placer inspect m.keras`)."""
+    import warnings
+
+    import keras
+
+    a, b = keras.Input((4,), name="a"), keras.Input((2,), name="b")
+    out = keras.layers.Dense(3, name="d")(keras.layers.Concatenate()([a, b]))
+    model = keras.Model({"b": b, "a": a}, out, name="dict_inputs")
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = load(model, batch_size=2, cache=False)
+    assert not [w for w in caught if "structure" in str(w.message)], [str(w.message) for w in caught]
+    kernel = [k for k, t in enumerate(g.types) if t == "VarHandleOp" and g.names[k].endswith("kernel")]
+    assert len(kernel) == 1 and g.persistent_bytes[kernel[0]] == 6 * 3 * 4     # the 4 + 2 inputs both reached d
+
+
 def check_keras(g: OpGraph) -> None:
     kernel = [k for k, t in enumerate(g.types) if t == "VarHandleOp" and g.persistent_bytes[k] == 48]
     bias = [k for k, t in enumerate(g.types) if t == "VarHandleOp" and g.persistent_bytes[k] == 12]
@@ -511,6 +530,24 @@ def test_cache_hit(tmp_path):
     assert np.array_equal(a.colocation, b.colocation) and a.meta_graph == b.meta_graph
     load(graph, batch_size=3)  # another batch size is another entry
     assert len(list((tmp_path / "cache").rglob("*.npz"))) == 2
+
+
+def test_cache_is_keyed_by_placer_version(tmp_path, monkeypatch):
+    """An entry another placer version wrote is a miss: an upgrade that changes how graphs are imported (OpGraph
+    fields, grouping inputs) must not reuse it (the key held the graph, the TF version and CACHE_FORMAT only)."""
+    import placer._version
+    from placer.graphs.cache import cached
+
+    built = []
+
+    def build(name):
+        built.append(name)
+        return OpGraph.build([("a", "X", 8)], name=name)
+
+    assert cached(("k",), lambda: build("old")).name == "old"
+    assert cached(("k",), lambda: build("again")).name == "old" and built == ["old"]      # a hit
+    monkeypatch.setattr(placer._version, "__version__", placer._version.__version__ + ".next")
+    assert cached(("k",), lambda: build("new")).name == "new" and built == ["old", "new"]
 
 
 def _entry(tmp_path):

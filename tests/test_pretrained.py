@@ -580,6 +580,31 @@ def test_pretrain_goes_on_from_a_policy(tmp_path):
                  "--init", str(tmp_path / "nope"), "--no-progress"]) == 2
 
 
+def test_pretrain_never_overwrites_a_policy_without_force(capsys, tmp_path, monkeypatch):
+    """`placer pretrain --out DIR` silently replaced the policy DIR held (hours of training): refused now, one line
+    naming the file, before any work (the library too); --force overwrites it."""
+    import placer.pretrain as pt
+    from placer.cli import main
+    from placer.rl.portable import PortableWeights
+
+    d = tmp_path / "p"
+    PortableWeights(16, 8, seed=0).save(d, info={"mine": True})
+    before = {f: (d / f).read_bytes() for f in ("policy.npz", "policy.json")}
+    monkeypatch.setattr(pt, "_task", lambda *a, **k: pytest.fail("the corpus was built"))
+    assert main(["pretrain", "--out", str(d), "--budget", "1", "--corpus", "quick", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"already holds a policy ({d / 'policy.npz'})" in err and "--force" in err
+    with pytest.raises(SearchError, match="already holds a policy .*overwrite=True"):
+        pt.pretrain(d, budget_seconds=1, corpus="quick")
+    assert {f: (d / f).read_bytes() for f in before} == before
+    calls = []
+    done = {"problems": [], "skipped": {}, "corpus": "quick", "train_wall_s": 0.0, "updates": 0,
+            "build_wall_s": 0.0, "per_problem": {}}
+    monkeypatch.setattr(pt, "pretrain", lambda out, **kw: calls.append(kw["overwrite"]) or done)
+    assert main(["pretrain", "--out", str(d), "--budget", "1", "--corpus", "quick", "--no-progress",
+                 "--force"]) == 0 and calls == [True]
+
+
 def test_random_towers_are_independent_until_the_merge():
     """A random tower model (the `wide` corpus) has side-by-side towers: in the forward pass no tower's op feeds
     another tower's op (they meet only at the merge), and `precision` builds it under the fp16 policy."""

@@ -79,6 +79,21 @@ def test_file_that_is_no_cost_table_says_so(tmp_path, content, reason):
     assert "pickle" not in str(e.value)
 
 
+def test_an_archive_that_is_no_cost_table_is_named_as_such(tmp_path):
+    """`--costs model.keras` (a zip) said "it has no 'kinds is not a file in the archive' field"."""
+    import zipfile
+
+    p = tmp_path / "m.keras"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("config.json", "{}")
+    np.savez(tmp_path / "other.npz", seconds=np.zeros(3))
+    for f, key in ((p, "kinds"), (tmp_path / "other.npz", "kinds")):
+        with pytest.raises(CostTableError) as e:
+            CostTable.load(f)
+        assert str(e.value) == (f"{str(f)!r} is not a cost table (an archive without {key!r}; `placer profile --out "
+                                f"FILE` writes one)")
+
+
 def test_analytical_is_cached_per_kind():
     g = hand_graph()
     cl = parse_cluster("2xV100")
@@ -89,6 +104,24 @@ def test_analytical_is_cached_per_kind():
     f = next(cache_dir().glob(f"{g.fingerprint}-V100-*.npy"))
     np.save(f, np.array([1.0, 2.0, 3.0]))
     assert list(analytical_costs(g, cl).seconds["V100"]) == [1.0, 2.0, 3.0]
+
+
+def test_analytical_cache_is_keyed_by_placer_version(monkeypatch):
+    """A placer upgrade that changes the estimate must not read the columns an older placer cached (the key held
+    the graph, the device figures and TF's version only)."""
+    import placer._version
+
+    g = OpGraph.build([("mm", "MatMul", 4000, 0, 1e9), ("r", "Relu", 4000)], [("mm", "r")], name="versioned")
+    cl = parse_cluster("1xV100")                               # (a graph of its own: other tests' entries differ)
+    for old in cache_dir().glob(f"{g.fingerprint}-*"):         # a PLACER_TEST_CACHE kept from an earlier run
+        old.unlink()
+    true = analytical_costs(g, cl, cache=False).seconds["V100"]
+    assert np.array_equal(analytical_costs(g, cl).seconds["V100"], true)
+    [f] = cache_dir().glob(f"{g.fingerprint}-V100-*.npy")
+    np.save(f, np.array([1.0, 2.0]))                           # what an older placer left there
+    assert list(analytical_costs(g, cl).seconds["V100"]) == [1.0, 2.0]
+    monkeypatch.setattr(placer._version, "__version__", placer._version.__version__ + ".next")
+    assert np.array_equal(analytical_costs(g, cl).seconds["V100"], true)
 
 
 def test_tf_version_key_without_importing_tensorflow(tmp_path):

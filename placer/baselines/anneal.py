@@ -51,7 +51,7 @@ import numpy as np
 from placer.errors import PlacementError
 from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
                             failure_reference, group_key, grouped_baselines, initial_temperature,
-                            move_shares_error, neighbours, screened)
+                            move_shares_error, neighbours, screen_error, screened)
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,8 @@ def anneal(problem, evaluator=None, *, start: np.ndarray | None = None, max_eval
     if cfg.block not in ("run", "linked"):
         raise PlacementError(f"unknown anneal block {cfg.block!r}: use run or linked")
     if (msg := accept0_error(cfg.accept0, "AnnealConfig.accept0")) is not None:
+        raise PlacementError(msg)
+    if (msg := screen_error(cfg.screen, "AnnealConfig.screen")) is not None:
         raise PlacementError(msg)
     if (msg := move_shares_error(cfg.merge_prob, cfg.attract_prob, "AnnealConfig.",
                                  cluster_prob=cfg.cluster_prob)) is not None:

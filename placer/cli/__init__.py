@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Callable
 
 from placer._version import __version__
 
@@ -249,7 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(p)
 
     p = sub.add_parser("pretrain", help="train a portable policy over a corpus of graphs and clusters")
-    p.add_argument("--out", required=True, help="policy directory to write (policy.npz, policy.json)")
+    p.add_argument("--out", required=True, help="policy directory to write (policy.npz, policy.json); one that "
+                                                 "already holds a policy is refused unless --force")
+    p.add_argument("--force", action="store_true", help="overwrite the policy --out already holds")
     p.add_argument("--budget", type=float, default=1800.0, help="training seconds (default 1800; building the "
                                                                  "corpus comes on top)")
     p.add_argument("--corpus", default="default", help="default (LSTM families + random Keras stacks), wide (default + "
@@ -367,12 +370,18 @@ def out_dir(path: str, flag: str = "--out") -> Path:
     return writable_dir(path, f"{flag} {path}")
 
 
-def out_file(path: str, flag: str) -> None:
+def out_file(path: str, flag: str, kind: "tuple[str, Callable[[Path], bool]] | None" = None,
+             command: str = "") -> None:
     """Check now that the file `path` can be written (its directory created, as the writers do): OutputError naming
-    the flag, the path and the OS's reason."""
+    the flag, the path and the OS's reason. `kind`: (what the command writes, e.g. "cost table"; a test that a file
+    is one): an existing non-empty file that is not one is never overwritten (a placement.json, a source file given
+    by a slip), as `placer cluster up --out` keeps any file that is no tasks file; one of that kind is replaced."""
     from placer.errors import OutputError, os_reason
 
     p = Path(path)
+    if kind is not None and p.is_file() and p.stat().st_size > 0 and not kind[1](p):
+        raise OutputError(f"{flag} {path}: the file exists and is no {kind[0]}; placer {command} will not overwrite it "
+                          f"(remove it or pick another {flag})")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         existed = p.exists()

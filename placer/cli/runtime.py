@@ -104,8 +104,9 @@ def run_profile(args) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from placer.cli import load_from_args, out_file
     from placer.runtime.profile import profile
+    from placer.sim.costs import is_cost_table
 
-    out_file(args.out, "--out")
+    out_file(args.out, "--out", ("cost table", is_cost_table), "profile")
     graph = load_from_args(args)
     table = profile(graph, args.devices, runs=args.runs, timeout=getattr(args, "timeout", 600.0) or 600.0)
     table.save(args.out)

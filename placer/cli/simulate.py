@@ -19,7 +19,9 @@ def run_simulate(args) -> int:
     from placer.sim.trace import write_trace
 
     if getattr(args, "trace", None):
-        out_file(args.trace, "--trace")
+        from placer.sim.trace import is_chrome_trace
+
+        out_file(args.trace, "--trace", ("Chrome trace", is_chrome_trace), "simulate")
     graph = load_from_args(args)
     cluster = cluster_from_args(args)
     # the problem without its baselines: only the one asked for is built, by resolve()

@@ -2,7 +2,8 @@
 
     g = cached(("file", sha256_of_bytes, fetches, batch_size), build, cache=True)
 
-An entry is keyed by a hash of the caller's key parts, the TensorFlow version and :data:`CACHE_FORMAT`; it is
+An entry is keyed by a hash of the caller's key parts, the TensorFlow version, placer's version and
+:data:`CACHE_FORMAT` (so an upgrade that changes what the importer builds never reuses an older entry); it is
 one ``.npz`` of plain numeric arrays written by :meth:`OpGraph.save` (names and metadata as JSON bytes, never
 pickles) and read with ``allow_pickle=False``. An entry that cannot be read -- corrupt, truncated, or written by
 an older placer -- is a miss: the graph is built again and the entry replaced. A cache directory that cannot be
@@ -18,11 +19,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from placer import _version
 from placer.errors import GraphImportError
 from placer.graphs.opgraph import OpGraph
 
 log = logging.getLogger(__name__)
 
+# bump when the importer builds other OpGraphs (fields, grouping inputs) for the same input; placer's version is
+# in the key too, so a release never reads a cache another release wrote
 CACHE_FORMAT = 3   # 3: npz without pickles (names/metadata as JSON), feed limits in the runnable MetaGraphDef
 
 
@@ -48,7 +52,8 @@ def tf_version() -> str:
 
 def entry_path(key_parts: Sequence[Any]) -> Path:
     """The cache file of `key_parts` (it may not exist)."""
-    h = hashlib.sha256(repr((CACHE_FORMAT, tf_version(), *key_parts)).encode()).hexdigest()[:24]
+    key = (CACHE_FORMAT, _version.__version__, tf_version(), *key_parts)
+    h = hashlib.sha256(repr(key).encode()).hexdigest()[:24]
     return cache_dir() / f"{h}.npz"
 
 

@@ -94,6 +94,14 @@ def keras_step_function(model, batch_size: int | None):
         shp = fixed(t.shape, f"output {t.name!r}")
         ys.append(tf.TensorSpec(shp[:-1], "int32") if sparse else tf.TensorSpec(shp, t.dtype or "float32"))
     x_arg = xs[0] if len(xs) == 1 else tuple(xs)
+    try:
+        struct = model.input          # a functional model's inputs as it was built: a tensor, a list or a dict
+    except (AttributeError, ValueError):
+        struct = None
+    if isinstance(struct, dict) and len(tf.nest.flatten(struct)) == len(xs):
+        # in the model's own structure (model.inputs is it flattened, dict keys sorted, as tf.nest packs): a tuple
+        # made Keras warn "The structure of `inputs` doesn't match the expected structure" on every import
+        x_arg = tf.nest.pack_sequence_as(struct, xs)
     y_arg = ys[0] if len(ys) == 1 else tuple(ys)
     zeros = lambda s: tf.zeros(s.shape, s.dtype)  # noqa: E731
     data = (tf.nest.map_structure(zeros, x_arg), tf.nest.map_structure(zeros, y_arg))

@@ -47,7 +47,7 @@ from placer._npz import load_npz
 from placer.errors import SearchError, fmt_bytes
 from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
                             failure_reference, first_copies, group_key, grouped_baselines,
-                            initial_temperature, move_shares_error, neighbours, screened)
+                            initial_temperature, move_shares_error, neighbours, screen_error, screened)
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +202,8 @@ class Search:
         for name in ("local_accept0", "zero_shot_refine_accept0"):     # before any work, not at the first move
             if (msg := accept0_error(getattr(self.config, name), f"ReinforceConfig.{name}")) is not None:
                 raise SearchError(msg)
+        if (msg := screen_error(self.config.local_screen, "ReinforceConfig.local_screen")) is not None:
+            raise SearchError(msg)
         if (msg := move_shares_error(self.config.local_merge_prob, self.config.local_attract_prob,
                                      "ReinforceConfig.local_", self.config.local_policy_prob,
                                      "policy_prob", self.config.local_cluster_prob)) is not None:

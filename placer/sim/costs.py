@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from placer import devnames
+from placer import _version, devnames
 from placer._npz import load_npz
 from placer.errors import CostTableError, GraphImportError
 from placer.graphs.opgraph import OpGraph
@@ -44,6 +44,9 @@ from placer.sim.cluster import PRESETS, Cluster, Device
 log = logging.getLogger(__name__)
 
 COSTS_FORMAT = 1
+# the analytical cost cache's format: bump when the estimate changes for the same graph and device figures (placer's
+# version is in the key too, so a release never reads columns another release wrote)
+COSTS_CACHE_FORMAT = 1
 # Fixed per-op cost added by the roofline fallback: a CUDA kernel launch + TF executor dispatch on a GPU
 # (~5 us on K80-era drivers; NVIDIA CUDA C Best Practices Guide, "kernel launch overhead" order of 5 us), ~1 us
 # of executor overhead on the CPU.
@@ -149,6 +152,11 @@ class CostTable:
                 except ValueError:         # no npz: numpy would call it a pickle
                     raise CostTableError(f"{str(p)!r} is not a cost table (neither JSON nor an npz; `placer "
                                          f"profile --out FILE` writes one)") from None
+                missing = [k for k in ("kinds", "seconds", "fingerprint", "names", "cpu_only", "source", "meta")
+                           if k not in z.files]
+                if missing:    # another zip (a .keras model...) or npz: not "no 'x is not a file in the archive'"
+                    raise CostTableError(f"{str(p)!r} is not a cost table (an archive without {missing[0]!r}; "
+                                         f"`placer profile --out FILE` writes one)")
                 kinds = [str(k) for k in z["kinds"]]
                 secs = z["seconds"]
                 t = CostTable(str(z["fingerprint"]), tuple(str(x) for x in z["names"]), z["cpu_only"].astype(bool),
@@ -354,7 +362,8 @@ def _figures_key(device: Device) -> str:
 
 def analytical_costs(graph: OpGraph, cluster: Cluster, *, cache: bool = True, use_grappler: bool = True) -> CostTable:
     """Analytical cost table for every device kind of `cluster` (Grappler where it has an estimate, roofline
-    elsewhere), cached per (graph fingerprint, kind + figures, TF version) under $PLACER_CACHE_DIR/costs.
+    elsewhere), cached per (graph fingerprint, kind + figures, TF version, placer version) under
+    $PLACER_CACHE_DIR/costs.
 
     >>> from placer.sim.cluster import parse_cluster
     >>> g = OpGraph.build([("a", "X", 100)])
@@ -363,6 +372,7 @@ def analytical_costs(graph: OpGraph, cluster: Cluster, *, cache: bool = True, us
     """
     has_mg = graph.meta_graph is not None and use_grappler
     tfv = _tf_version() if has_mg else "none"
+    made_by = hashlib.sha256(repr((COSTS_CACHE_FORMAT, _version.__version__)).encode()).hexdigest()[:8]
     secs: dict[str, np.ndarray] = {}
     covered_frac: dict[str, float] = {}
     prec = getattr(graph, "precision", "fp32") or "fp32"
@@ -370,7 +380,7 @@ def analytical_costs(graph: OpGraph, cluster: Cluster, *, cache: bool = True, us
         dev.peak_for(prec)   # one-line error before any work when a kind has no figure for the precision
     for kind, dev in _kind_devices(cluster).items():
         path = cache_dir() / (f"{graph.fingerprint}-{kind}-{_figures_key(dev)}-{'g' if has_mg else 'r'}-tf{tfv}"
-                              f"{'' if prec == 'fp32' else f'-{prec}{dev.peak_for(prec):.4g}'}.npy")
+                              f"-p{made_by}{'' if prec == 'fp32' else f'-{prec}{dev.peak_for(prec):.4g}'}.npy")
         col = None
         if cache and path.is_file():
             try:
@@ -412,6 +422,16 @@ def analytical_costs(graph: OpGraph, cluster: Cluster, *, cache: bool = True, us
     source = "analytical:grappler+roofline" if has_mg else "analytical:roofline"
     return CostTable(graph.fingerprint, tuple(graph.names), np.asarray(graph.cpu_only, bool), secs, source,
                      {"grappler_coverage": covered_frac, "tensorflow": tfv})
+
+
+def is_cost_table(path: "str | os.PathLike") -> bool:
+    """Whether the file `path` reads as a cost table (`CostTable.load`, any graph): what `placer profile --out` may
+    replace."""
+    try:
+        CostTable.load(path)
+    except CostTableError:
+        return False
+    return True
 
 
 def load_or_analytical(graph: OpGraph, cluster: Cluster, path: "str | os.PathLike | None" = None) -> CostTable:

@@ -72,6 +72,17 @@ def chrome_trace(graph: OpGraph, cluster: Cluster, result) -> dict:
                           "peak_memory_bytes": {nm: int(b) for nm, b in zip(names, result.peak_memory)}}}
 
 
+def is_chrome_trace(path: "str | os.PathLike") -> bool:
+    """Whether the file `path` holds a Chrome trace (Trace Event Format: an object with a "traceEvents" list, or a
+    list of events), e.g. one `write_trace` wrote: what `placer simulate --trace` may replace."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    events = obj.get("traceEvents") if isinstance(obj, dict) else obj
+    return isinstance(events, list) and all(isinstance(e, dict) and "ph" in e for e in events)
+
+
 def write_trace(path: "str | os.PathLike", graph: OpGraph, cluster: Cluster, result) -> None:
     """Write chrome_trace(...) as JSON to `path`."""
     p = Path(path)
