@@ -22,14 +22,17 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
           progress: bool = False, batch_size: int | None = None, fetches=None, max_updates: int | None = None,
           token_file: str | None = None, config=None, allow_cpu: bool = False, policy=None,
           samples: int | None = None, sample_seconds: float | None = None,
-          refine_seconds: float | None = None, refine_moves: int | None = None) -> SearchResult:
+          refine_seconds: float | None = None, refine_moves: int | None = None,
+          tls_ca: str | None = None) -> SearchResult:
     """Learn a placement for `graph` (an OpGraph, tf.Graph, GraphDef, MetaGraphDef, path, tf.function
     concrete function or compiled Keras model).
 
     cluster: simulated hardware ("4xK80", a Cluster, a JSON path); devices: real devices ("cpu:2",
     ["/GPU:0", "/GPU:1"], a tasks file). reward "sim" scores placements with the simulator, "measure" runs them
-    (locally, on a TF cluster's tasks, or on `workers` "host:port" addresses). Returns a SearchResult whose
-    `.placement` saves to placement.json.
+    (locally, on a TF cluster's tasks, or on `workers` "host:port" addresses; `token_file` and `tls_ca`, the
+    certificate of workers started with TLS, as `placer search`'s flags). With `workers`, `devices` are the
+    workers' devices: the simulated cluster is built from what they report, never from this machine's TensorFlow.
+    Returns a SearchResult whose `.placement` saves to placement.json.
 
     policy: a pretrained portable policy (`placer pretrain`'s directory, "default" for the shipped one, or
     `PortableWeights`): the search starts from its zero-shot answer (the best of the placements it samples, in
@@ -59,7 +62,7 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
                           "(already imported: pass them to placer.graphs.load)")
     from placer.runtime import no_auth_without_workers
 
-    no_auth_without_workers(workers, token_file=token_file)
+    no_auth_without_workers(workers, token_file=token_file, tls_ca=tls_ca)
     if out_dir is not None:
         new_run_dir(out_dir)       # now, not after the search: a bad or used directory never costs the budget
     from placer._tf import hide_gpus
@@ -71,6 +74,13 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
         from placer.graphs import load
 
         og = load(graph, fetches=fetches, batch_size=batch_size)
+    measured_on = devices          # what the evaluator measures on (a tasks file, local or the workers' devices)
+    if workers and devices is not None:
+        # the devices are the workers': their cluster is what they report (a client without GPUs places over the
+        # workers' GPUs), as `placer search --workers --devices`
+        from placer.runtime import measured_cluster
+
+        cluster, devices = measured_cluster(og, devices, workers=workers, token_file=token_file, tls_ca=tls_ca), None
     problem = build_problem(og, cluster, devices=devices, costs=costs, max_groups=max_groups, seed=seed,
                             allow_cpu=allow_cpu)
     evaluator = None
@@ -78,8 +88,8 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
         if reward == "measure":
             from placer.runtime import make_evaluator
 
-            evaluator = make_evaluator(og, devices if devices is not None else problem.device_names,
-                                       workers=workers, token_file=token_file)
+            evaluator = make_evaluator(og, measured_on if measured_on is not None else problem.device_names,
+                                       workers=workers, token_file=token_file, tls_ca=tls_ca)
         if policy is not None:
             from dataclasses import replace as dc_replace
 

@@ -282,6 +282,21 @@ def new_run_dir(out_dir, name: str = "out_dir") -> Path:
     return out
 
 
+def search_config(reward: str, seed: int, *, fine_tune: bool = False, **overrides) -> "ReinforceConfig":
+    """The search's default settings for `reward` ("sim" or "measure": `ReinforceConfig.for_reward`), with
+    `overrides` (ReinforceConfig fields). `fine_tune`: the search starts from a pretrained policy, whose chain also
+    makes cluster moves (`FINETUNE_CLUSTER_PROB`, as `placer place`'s refinement does) unless `overrides` set
+    `local_cluster_prob`.
+
+    >>> search_config("sim", 0, fine_tune=True, local_moves=64).local_cluster_prob
+    0.3
+    """
+    from placer.rl.reinforce import ReinforceConfig
+
+    base = {"local_cluster_prob": FINETUNE_CLUSTER_PROB} if fine_tune else {}
+    return ReinforceConfig.for_reward(reward, seed=seed, **{**base, **overrides})
+
+
 def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", budget_seconds: float = 300,
            seed: int | None = None, config=None, out_dir=None, progress: bool = False,
            max_updates: int | None = None, patience: int | None = None, resume: bool = False,
@@ -300,7 +315,6 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     (`remeasure`; default `make_evaluator`'s)."""
     from dataclasses import replace as dc_replace
 
-    from placer.rl.reinforce import ReinforceConfig
     from placer.rl.search import Search
 
     if reward not in ("sim", "measure"):
@@ -317,9 +331,8 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     cluster = problem.cluster
     out = Path(out_dir) if out_dir is not None else None
     weights = load_policy(policy) if policy is not None else None
-    if config is None:      # a fine-tune's chain also makes cluster moves, as `placer place`'s refinement does
-        config = ReinforceConfig.for_reward(reward, seed=seed,
-                                            **({"local_cluster_prob": FINETUNE_CLUSTER_PROB} if weights else {}))
+    if config is None:
+        config = search_config(reward, seed, fine_tune=weights is not None)
     if weights is not None:
         config = dc_replace(config, portable=True, hidden_size=weights.hidden_size, attn_size=weights.attn_size)
     s = Search(problem.grouping, evaluator, cpu_index=cluster.cpu_index, allowed=problem.allowed,

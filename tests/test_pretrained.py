@@ -399,6 +399,24 @@ def test_a_fine_tune_with_the_default_config_makes_cluster_moves_and_a_search_fr
         p.close()
 
 
+def test_chain_flags_of_a_cli_fine_tune_keep_its_cluster_moves(tmp_path):
+    """`placer search --policy P --local-moves N` (or --merge-share) builds its config on a fine-tune's defaults:
+    the chain's FINETUNE_CLUSTER_PROB of cluster moves stayed only when no chain flag was given (with one, the
+    share fell silently to the device count's, 0 on 3 K80s). --cluster-share still sets it."""
+    from placer.cli import main
+    from placer.search import FINETUNE_CLUSTER_PROB
+
+    def share(*flags):
+        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        argv = ["search", "--model", "nmt", "--size", "tiny", "--cluster", "3xK80", "--policy", "default",
+                "--max-updates", "1", "--max-evaluations", "300", "--no-progress", "--out", str(out), *flags]
+        assert main(argv) == 0
+        return json.loads((out / "checkpoint" / "state.json").read_text())["config"]["local_cluster_prob"]
+
+    assert share("--local-moves", "64") == FINETUNE_CLUSTER_PROB > 0
+    assert share("--cluster-share", "0.2") == 0.2
+
+
 def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines(nmt_tiny):
     """A fine-tune starts where a search from scratch starts when that is better than its zero-shot best: the best
     grouped baseline becomes the elite and the restart point."""

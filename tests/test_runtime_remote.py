@@ -172,13 +172,10 @@ def test_killing_a_worker_mid_batch_still_returns_every_result(graph, workers):
         pool.close()
 
 
-def test_tls_and_token_in_process(tmp_path):
+def _tls_pair(tmp_path):
+    """A self-signed certificate for localhost / 127.0.0.1 and its key (skips without openssl)."""
     import shutil
     import subprocess
-
-    import grpc
-
-    from placer.runtime import placer_pb2, placer_pb2_grpc
 
     if not shutil.which("openssl"):
         pytest.skip("openssl is needed to make a test certificate")
@@ -186,6 +183,15 @@ def test_tls_and_token_in_process(tmp_path):
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
                     str(cert), "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
+    return key, cert
+
+
+def test_tls_and_token_in_process(tmp_path):
+    import grpc
+
+    from placer.runtime import placer_pb2, placer_pb2_grpc
+
+    key, cert = _tls_pair(tmp_path)
     w = serve("127.0.0.1:0", token="tok", tls_cert=str(cert), tls_key=str(key), block=False)
     try:
         creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
@@ -201,6 +207,47 @@ def test_tls_and_token_in_process(tmp_path):
                                                         metadata=(("x-placer-token", "tok"),))
     finally:
         w.stop()
+
+
+def test_search_and_place_measure_on_a_tls_worker(tmp_path, capsys):
+    """`placer search --workers ... --tls-ca CERT` and `placer.place(..., workers=..., tls_ca=CERT)` measure on a
+    worker started with TLS (neither could: only `placer measure` took the certificate, and the search said "no
+    measurement worker is alive: ... DEADLINE_EXCEEDED"); place() builds its cluster from what the workers report,
+    as the search does. The flag is stored for --resume."""
+    import json
+
+    import tensorflow as tf
+
+    import placer
+    from placer.cli import main
+
+    key, cert = _tls_pair(tmp_path)
+    tok = tmp_path / "token"
+    tok.write_text("s3cret")
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 32], name="x")
+        w = tf.compat.v1.get_variable("w", [32, 32])
+        loss = tf.reduce_sum(tf.nn.relu(tf.matmul(x, w)), name="loss")
+        tf.compat.v1.add_to_collection("train_op", tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss))
+        meta = tmp_path / "mlp.meta"
+        tf.compat.v1.train.export_meta_graph(filename=str(meta), graph=g)
+    wk = serve("127.0.0.1:0", token="s3cret", tls_cert=str(cert), tls_key=str(key), devices="cpu:1", block=False)
+    try:
+        addr = f"localhost:{wk.port}"
+        out = tmp_path / "run"
+        argv = ["search", str(meta), "--devices", "/CPU:0", "--workers", addr, "--reward", "measure", "--tls-ca",
+                str(cert), "--token-file", str(tok), "--max-updates", "0", "--warmup", "0", "--runs", "1",
+                "--no-progress", "--out", str(out)]
+        assert main(argv) == 0, capsys.readouterr().err
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["reward"] == "measure" and summary["step_time_s"] > 0
+        assert json.loads((out / "args.json").read_text())["tls_ca"] == str(cert)
+        res = placer.place(str(meta), devices="/CPU:0", workers=[addr], reward="measure", tls_ca=str(cert),
+                           token_file=str(tok), max_updates=0, budget_seconds=60)
+        assert res.step_time > 0 and set(res.placement.mapping.values()) == {"/CPU:0"}
+    finally:
+        wk.stop()
 
 
 @pytest.mark.slow

@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --reward measure: seconds before one measurement is cut (a failed evaluation; 600)")
     p.add_argument("--workers", help="remote measurement workers HOST:PORT,... (with --reward measure)")
     p.add_argument("--token-file", help="token for the workers")
+    p.add_argument("--tls-ca", help="PEM certificate to trust for workers started with --tls-cert (enables TLS)")
     p.add_argument("--costs", help="cost table file (from `placer profile`)")
     p.add_argument("--budget", type=float, help="search wall-time budget in seconds (default 300); with --resume "
                                                  "a new total, counting the seconds already spent")
@@ -153,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 0.05 from 8 accelerators on, else 0)")
     p.add_argument("--cluster-share", type=float, metavar="P",
                    help="share of the chain's moves that send a METIS part of the groups (a tower, a stack of "
-                        "layers) to one device (default: 0.1 from 8 accelerators on, else 0)")
+                        "layers) to one device (default: 0.3 with --policy; else 0.1 from 8 accelerators on, "
+                        "else 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _json_flag(p)
 

@@ -21,8 +21,8 @@ ARGS_FILE = "args.json"
 DEFAULT_BUDGET = 300.0      # `placer search --budget` (CLI.md)
 # args stored for --resume (everything `placer search` reads)
 _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
-                "token_file", "costs", "budget", "max_updates", "max_evaluations", "patience", "groups", "seed", "out",
-                "no_progress", "json", "remeasure", "warmup", "runs", "timeout", "policy", "split_groups",
+                "token_file", "tls_ca", "costs", "budget", "max_updates", "max_evaluations", "patience", "groups",
+                "seed", "out", "no_progress", "json", "remeasure", "warmup", "runs", "timeout", "policy", "split_groups",
                 "precision", "layers", "local_moves", "merge_share", "cluster_share")
 # what `--resume DIR` may change; every other stored flag given again must match the stored search
 _RESUME_OVERRIDES = ("budget", "max_updates", "max_evaluations", "patience", "json", "no_progress", "out")
@@ -103,7 +103,8 @@ def run_search(args) -> int:
                           f"--cluster {args.cluster} only simulates them")
     from placer.runtime import no_auth_without_workers
 
-    no_auth_without_workers(args.workers, token_file=args.token_file)
+    tls_ca = getattr(args, "tls_ca", None)
+    no_auth_without_workers(args.workers, token_file=args.token_file, tls_ca=tls_ca)
     if args.reward == "measure" and not (args.devices or args.workers):
         raise SearchError("--reward measure needs real devices: --devices LIST (local) or --workers ADDR,...")
     budget = float(args.budget)
@@ -150,7 +151,7 @@ def run_search(args) -> int:
         # machine's TensorFlow (a client without GPUs searches over the workers' GPUs)
         from placer.runtime import measured_cluster
 
-        cluster = measured_cluster(graph, devices, workers=args.workers, token_file=args.token_file)
+        cluster = measured_cluster(graph, devices, workers=args.workers, token_file=args.token_file, tls_ca=tls_ca)
         devices = None
     problem = build_problem(graph, cluster, devices=devices, costs=getattr(args, "costs", None),
                             max_groups=args.groups, seed=int(args.seed or 0),
@@ -164,13 +165,17 @@ def run_search(args) -> int:
             from placer.runtime import make_evaluator
 
             evaluator = make_evaluator(graph, args.devices if args.devices else problem.device_names,
-                                       workers=args.workers, token_file=args.token_file, **measure_kw)
+                                       workers=args.workers, token_file=args.token_file, tls_ca=tls_ca,
+                                       **measure_kw)
         config = None
         overrides = {**({} if getattr(args, "local_moves", None) is None else {"local_moves": int(args.local_moves)}),
                      **({} if merge is None else {"local_merge_prob": float(merge)}),
                      **({} if clus is None else {"local_cluster_prob": float(clus)})}
-        if overrides and not resume:
-            config = ReinforceConfig.for_reward(args.reward, seed=int(args.seed or 0), **overrides)
+        if overrides and not resume:     # on the defaults a search() of this kind takes (a fine-tune's with --policy)
+            from placer.search import search_config
+
+            config = search_config(args.reward, int(args.seed or 0), fine_tune=bool(getattr(args, "policy", None)),
+                                   **overrides)
         search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0), config=config,
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,
                resume=resume, remeasure=getattr(args, "remeasure", True) is not False,
