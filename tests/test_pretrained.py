@@ -454,6 +454,62 @@ def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines
         p.close()
 
 
+def test_a_fine_tunes_chain_starts_at_the_grouped_baseline_even_behind_a_faster_zero_shot_best(nmt_tiny, monkeypatch):
+    """Where the zero-shot best beats every grouped baseline it stays the run's best (the elite), but the chain
+    starts from the best grouped baseline, as a search from scratch's does (`pretrained_chain_start` "grouped",
+    the default); with "best" it starts from the zero-shot best. The zero-shot batch is made 1000x faster than the
+    simulator says (an untrained policy's samples are ~100x slower than the grouped single GPU), so that it beats
+    them."""
+    from dataclasses import replace
+
+    from placer.grouped import group_key
+    from placer.problem import build_problem
+    from placer.rl.portable import PortableWeights
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+    from placer.search import policy_inputs
+
+    class FastZeroShot:          # the simulator, but the zero-shot samples run 1000x faster
+        def __init__(self, sim):
+            self.sim, self.devices, self.fast = sim, sim.devices, False
+
+        def evaluate(self, placements):
+            outs = self.sim.evaluate(placements)
+            return [replace(o, step_time=o.step_time / 1000) for o in outs] if self.fast else outs
+
+    zero_shot = Search._zero_shot
+
+    def fast_zero_shot(self):
+        self.evaluator.fast = True
+        try:
+            zero_shot(self)
+        finally:
+            self.evaluator.fast = False
+
+    monkeypatch.setattr(Search, "_zero_shot", fast_zero_shot)
+
+    p = build_problem(nmt_tiny, "3xK80", seed=0)
+    try:
+        for where in (None, "best"):            # None: the default
+            cfg = ReinforceConfig(seed=0, portable=True, hidden_size=32, attn_size=16, num_samples=4,
+                                  zero_shot_samples=4, imitation_steps=5, local_moves=0,
+                                  **({"pretrained_chain_start": where} if where else {}))
+            s = Search(p.grouping, FastZeroShot(p.simulator), cpu_index=p.cluster.cpu_index, allowed=p.allowed,
+                       config=cfg, baselines=p.baselines, progress=False, tensorboard=False,
+                       policy_inputs=lambda: policy_inputs(p), pretrained=PortableWeights(32, 16, seed=0))
+            s.run(600.0, max_updates=1)
+            grouped = [t for t in s.grouped_times.values() if t is not None]
+            assert grouped and s.zero_shot["best_s"] < min(grouped) and s.elite_time == s.zero_shot["best_s"]
+            assert "start" not in s.zero_shot          # the zero-shot best is the run's best
+            if where is None:
+                assert s.zero_shot["chain_start"].endswith("(grouped)")
+                assert s._chain_c == min(grouped) and group_key(s._chain) != group_key(s.elite_groups)
+            else:
+                assert "chain_start" not in s.zero_shot and s._chain is None     # set from the elite at the chain's
+    finally:                                                                         # first batch
+        p.close()
+
+
 def test_place_budget_is_fine_tuning_after_the_zero_shot_answer(nmt_tiny, monkeypatch):
     """`placer place --budget S` / `place(policy=..., budget_seconds=S)` (place_settings: budget_after_zero_shot)
     fine-tunes for S seconds after the zero-shot answer, however long the answer took, and the fine-tune's fit

@@ -22,8 +22,8 @@ DEFAULT_BUDGET = 300.0      # `placer search --budget` (CLI.md)
 # args stored for --resume (everything `placer search` reads)
 _RESUME_KEYS = ("graph", "model", "size", "batch_size", "fetch", "cluster", "devices", "reward", "workers",
                 "token_file", "tls_ca", "costs", "budget", "max_updates", "max_evaluations", "patience", "groups",
-                "seed", "out", "no_progress", "json", "remeasure", "warmup", "runs", "timeout", "policy", "split_groups",
-                "precision", "layers", "local_moves", "merge_share", "cluster_share")
+                "seed", "out", "no_progress", "json", "remeasure", "warmup", "runs", "timeout", "policy",
+                "split_groups", "precision", "layers", "local_moves", "merge_share", "cluster_share")
 # what `--resume DIR` may change; every other stored flag given again must match the stored search
 _RESUME_OVERRIDES = ("budget", "max_updates", "max_evaluations", "patience", "json", "no_progress", "out")
 

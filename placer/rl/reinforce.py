@@ -160,6 +160,13 @@ class ReinforceConfig:
     # evaluations (benchmarks/finetune_start.py): fitting helped inception_v3 (whose zero-shot best is slower than
     # m_etf) and hurt gpt (whose zero-shot best beats every baseline); RESULTS.md "Placing unseen graphs"
     pretrained_fit: str = "auto"
+    # where a fine-tune's chain starts when the zero-shot best is faster than every grouped baseline: "grouped" (the
+    # best grouped baseline, where a search from scratch starts; the zero-shot best stays the run's best) or "best"
+    # (the zero-shot best). On gpt@DGX1:fp16, the one held-out graph whose zero-shot best beats its grouped
+    # baselines, the chain from the zero-shot best ended 1.5% behind a search from scratch at 30,000 evaluations:
+    # the policy's placement (half the work on one GPU) lies in a poorer basin than the heuristics' (RESULTS.md
+    # "Placing unseen graphs", "Where a fine-tune's chain starts")
+    pretrained_chain_start: str = "grouped"
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:

@@ -57,7 +57,8 @@ OLD_CHECKPOINT_FILE = "state.pkl"
 CHECKPOINT_SECONDS = 60.0         # the loop checkpoints every `checkpoint_every` updates or this many seconds
 # the string-valued ReinforceConfig fields and the values the search reads (Search checks them before any work)
 CONFIG_CHOICES = {"baseline_mode": ("ema", "batch"), "local_block": ("linked", "run"),
-                  "local_schedule": ("search", "chain"), "pretrained_fit": ("auto", "always", "never")}
+                  "local_schedule": ("search", "chain"), "pretrained_fit": ("auto", "always", "never"),
+                  "pretrained_chain_start": ("grouped", "best")}
 POLICY_FREQ_DECAY = 0.5       # where the policy's samples put each group: each update's weight halves per update
 LOCAL_SEEN_MAX = 200_000      # the local moves forget what they evaluated beyond this many placements (memory)
 STOP_AFTER_UPDATES = 3        # updates before a systematic failure may stop the search
@@ -701,6 +702,12 @@ class Search:
                 self.start_groups = np.asarray(targets[k], np.int32).copy()
                 self._start_elite(self.start_groups, float(outcomes[k].step_time))
                 self.zero_shot["start"] = f"{names[k]} (grouped)"
+            elif outcomes[k].ok and self.config.pretrained_chain_start == "grouped":
+                # the chain starts where a search from scratch does, the policy's faster best kept as the run's
+                self._chain = np.asarray(targets[k], np.int32).copy()
+                self._chain_c, self._chain_best = float(outcomes[k].step_time), float(self.elite_time)
+                self._local_seen.add(group_key(self._chain))
+                self.zero_shot["chain_start"] = f"{names[k]} (grouped)"
         heuristics = [t for t in list(self.baselines.values()) + list(self.grouped_times.values())
                       if t is not None and np.isfinite(t)]
         zs = self.zero_shot.get("sampled_best_s", self.zero_shot.get("best_s"))   # the policy's samples, unrefined
