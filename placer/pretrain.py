@@ -211,11 +211,13 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
     (`placer.baselines.anneal`, linked blocks) and imitate the annealed placement instead when it is faster, so the
     policy learns what a local search finds rather than what the heuristics do (expert iteration's improvement
     operator, applied once); this time comes on top of the budget and is reported as `teacher_wall_s`.
-    overwrite: replace the policy `out_dir` already holds (else SearchError naming its file, before any work)."""
+    overwrite: replace the policy `out_dir` already holds (else SearchError naming its file, before any work, as
+    `placer search --out` refuses a directory holding a search)."""
     held = existing_policy(out_dir)
     if held is not None and not overwrite:
         raise SearchError(f"{out_dir} already holds a policy ({held}), which the new one would overwrite: pick "
-                          f"another directory, or pass overwrite=True")
+                          f"another directory, train on from it into a new one (--init {out_dir} --out NEW; "
+                          f"init=), or overwrite it (--force; overwrite=True)")
     import keras
     import tensorflow as tf
 

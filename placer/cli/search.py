@@ -300,16 +300,12 @@ def run_place(args) -> int:
 def run_pretrain(args) -> int:
     """`placer pretrain --out DIR [--budget S] [--corpus default|wide|parallel|quick]`."""
     from placer.cli import out_dir
-    from placer.pretrain import existing_policy, pretrain
+    from placer.pretrain import pretrain
 
     share = float(getattr(args, "imitation_share", 0.3))
     if not 0.0 <= share < 1.0:
         raise SearchError(f"--imitation-share must be in [0, 1), got {share}")
-    force = bool(getattr(args, "force", False))
-    held = existing_policy(args.out)
-    if held is not None and not force:      # as `placer search --out` refuses a directory holding a search
-        raise SearchError(f"--out {args.out} already holds a policy ({held}): pick another --out, train on from it "
-                          f"with --init {args.out} --out NEW, or give --force to overwrite it")
+    force = bool(getattr(args, "force", False))    # without it, pretrain() refuses a DIR holding a policy
     out_dir(args.out)
     info = pretrain(args.out, budget_seconds=float(args.budget), corpus=args.corpus, seed=int(args.seed),
                     progress=not args.no_progress, init=getattr(args, "init", None), imitation_share=share,
