@@ -457,9 +457,9 @@ def test_fine_tune_starts_from_the_better_of_zero_shot_and_the_grouped_baselines
 def test_a_fine_tunes_chain_starts_at_the_grouped_baseline_even_behind_a_faster_zero_shot_best(nmt_tiny, monkeypatch):
     """Where the zero-shot best beats every grouped baseline it stays the run's best (the elite), but the chain
     starts from the best grouped baseline, as a search from scratch's does (`pretrained_chain_start` "grouped",
-    the default); with "best" it starts from the zero-shot best. The zero-shot batch is made 1000x faster than the
-    simulator says (an untrained policy's samples are ~100x slower than the grouped single GPU), so that it beats
-    them."""
+    a simulated search's default); with "best" (a measured search's) it starts from the zero-shot best. The
+    zero-shot batch is made 1000x faster than the simulator says (an untrained policy's samples are ~100x slower
+    than the grouped single GPU), so that it beats them."""
     from dataclasses import replace
 
     from placer.grouped import group_key
@@ -490,10 +490,11 @@ def test_a_fine_tunes_chain_starts_at_the_grouped_baseline_even_behind_a_faster_
 
     p = build_problem(nmt_tiny, "3xK80", seed=0)
     try:
-        for where in (None, "best"):            # None: the default
+        assert ReinforceConfig.for_reward("sim").pretrained_chain_start == "grouped"
+        assert ReinforceConfig.for_reward("measure").pretrained_chain_start == "best"
+        for where in ("grouped", "best"):
             cfg = ReinforceConfig(seed=0, portable=True, hidden_size=32, attn_size=16, num_samples=4,
-                                  zero_shot_samples=4, imitation_steps=5, local_moves=0,
-                                  **({"pretrained_chain_start": where} if where else {}))
+                                  zero_shot_samples=4, imitation_steps=5, local_moves=0, pretrained_chain_start=where)
             s = Search(p.grouping, FastZeroShot(p.simulator), cpu_index=p.cluster.cpu_index, allowed=p.allowed,
                        config=cfg, baselines=p.baselines, progress=False, tensorboard=False,
                        policy_inputs=lambda: policy_inputs(p), pretrained=PortableWeights(32, 16, seed=0))
@@ -501,7 +502,7 @@ def test_a_fine_tunes_chain_starts_at_the_grouped_baseline_even_behind_a_faster_
             grouped = [t for t in s.grouped_times.values() if t is not None]
             assert grouped and s.zero_shot["best_s"] < min(grouped) and s.elite_time == s.zero_shot["best_s"]
             assert "start" not in s.zero_shot          # the zero-shot best is the run's best
-            if where is None:
+            if where == "grouped":
                 assert s.zero_shot["chain_start"].endswith("(grouped)")
                 assert s._chain_c == min(grouped) and group_key(s._chain) != group_key(s.elite_groups)
             else:

@@ -58,7 +58,7 @@ CHECKPOINT_SECONDS = 60.0         # the loop checkpoints every `checkpoint_every
 # the string-valued ReinforceConfig fields and the values the search reads (Search checks them before any work)
 CONFIG_CHOICES = {"baseline_mode": ("ema", "batch"), "local_block": ("linked", "run"),
                   "local_schedule": ("search", "chain"), "pretrained_fit": ("auto", "always", "never"),
-                  "pretrained_chain_start": ("grouped", "best")}
+                  "pretrained_chain_start": ("best", "grouped")}
 POLICY_FREQ_DECAY = 0.5       # where the policy's samples put each group: each update's weight halves per update
 LOCAL_SEEN_MAX = 200_000      # the local moves forget what they evaluated beyond this many placements (memory)
 STOP_AFTER_UPDATES = 3        # updates before a systematic failure may stop the search
