@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from placer.errors import PlacerError
+from placer.errors import PlacerError, taking_back_empty_dirs
 from placer.graphs.opgraph import OpGraph
 from placer.placement import (BUILTIN_PLACEMENTS, DeviceFunction, Placement, random_placement,  # noqa: F401
                               round_robin_placement, single_placement)
@@ -17,6 +17,7 @@ from placer.search import replace as _replace
 __all__ = ["place", "replace", "Placement", "SearchResult", "resolve_placement"]
 
 
+@taking_back_empty_dirs()
 def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seconds: float = 300,
           seed: int = 0, workers=None, costs=None, max_groups: int | None = None, out_dir=None,
           progress: bool = False, batch_size: int | None = None, fetches=None, max_updates: int | None = None,
@@ -110,6 +111,7 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
         problem.close()
 
 
+@taking_back_empty_dirs()
 def replace(result_or_run_dir, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int | None = None,
             progress: bool = False, max_updates: int | None = None) -> SearchResult:
     """Re-place a search's graph onto the devices left after losing `exclude` (names like "/GPU:3"): a quick

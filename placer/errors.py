@@ -1,4 +1,5 @@
 """One exception hierarchy for placer. Every message names the op, device or file at fault."""
+import contextlib
 
 
 class PlacerError(Exception):
@@ -41,20 +42,50 @@ def os_reason(e: OSError) -> str:
     return os.strerror(errno.ENOTDIR) if isinstance(e, FileExistsError) else e.strerror or str(e)
 
 
+_CREATED: list = []     # the top directories writable_dir created in this process (taking_back_empty_dirs)
+
+
 def writable_dir(path, label: str):
     """Create the directory `path` now, before any long work, and check that files can be written in it:
     OutputError "`label`: cannot create it or write in it: <the OS's reason>" (the CLI's --out, the library's
-    out_dir). Returns it as a Path."""
+    out_dir). Returns it as a Path. The directories it creates are remembered, so that a command refused after
+    this can take them back while they are empty (`taking_back_empty_dirs`)."""
     import tempfile
     from pathlib import Path
 
     p = Path(path)
+    new = [a for a in (p.absolute(), *p.absolute().parents) if not a.exists()]
     try:
         p.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=p).close()
     except OSError as e:
         raise OutputError(f"{label}: cannot create it or write in it: {os_reason(e)}") from None
+    if new:
+        _CREATED.append(new[-1])
     return p
+
+
+@contextlib.contextmanager
+def taking_back_empty_dirs():
+    """Around a command or a library call that creates its output directory (`writable_dir`) before all its
+    checks: when it fails with a PlacerError, the directories it created and wrote nothing into are removed (a
+    refused call leaves no empty --out behind). Never a file, never a directory that holds one. Also a
+    decorator."""
+    import os
+
+    mark = len(_CREATED)
+    try:
+        yield
+    except PlacerError:
+        for top in reversed(_CREATED[mark:]):
+            for d, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):      # deepest first
+                try:
+                    os.rmdir(d)          # only if empty
+                except OSError:
+                    pass
+        raise
+    finally:
+        del _CREATED[mark:]
 
 
 def fmt_bytes(n: float) -> str:

@@ -214,3 +214,23 @@ def test_a_simulated_search_on_devices_remeasures_with_the_given_timing(tmp_path
                  "--timeout", "30", "--max-updates", "0", "--no-progress", "--out", str(out)]) == 0
     assert seen and all(kw == {"warmup": 0, "runs": 1, "timeout": 30.0} for kw in seen)
     assert json.loads((out / "summary.json").read_text())["measured"][0]["measured_s"] == 0.01
+
+
+def test_a_refused_command_leaves_no_empty_output_directory_behind(tmp_path, capsys):
+    """A command (or place() call) refused after it created its --out (a cluster spec is checked once the graph is
+    loaded) left that directory behind, empty. The directories it created and wrote nothing into go; one that was
+    there before stays. (A search refused there keeps its args.json, for --resume.)"""
+    import placer
+    from placer.errors import ClusterError
+    from placer.graphs.models import build_model
+
+    out = tmp_path / "a" / "b"
+    argv = ["place", "--policy", "default", *TINY, "--cluster", "3xNOPE", "--no-progress", "--out"]
+    assert main([*argv, str(out)]) == 2
+    assert "'3xNOPE'" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert main([*argv, str(kept)]) == 2 and kept.is_dir()
+    with pytest.raises(ClusterError):
+        placer.place(build_model("nmt", "tiny"), cluster="3xNOPE", out_dir=tmp_path / "c" / "d", budget_seconds=5)
+    assert not (tmp_path / "c").exists()

@@ -347,10 +347,11 @@ def main(argv: list[str] | None = None) -> int:
 
     defer_import(quiet=not args.debug, hide=True)
     mod, fn = COMMANDS[args.command].split(":")
-    from placer.errors import PlacerError
+    from placer.errors import PlacerError, taking_back_empty_dirs
 
     try:
-        return int(getattr(importlib.import_module(mod), fn)(args) or 0)
+        with taking_back_empty_dirs():      # an --out a refused command created and wrote nothing into
+            return int(getattr(importlib.import_module(mod), fn)(args) or 0)
     except PlacerError as e:
         if args.debug:
             raise
