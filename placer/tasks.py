@@ -25,6 +25,7 @@ from placer import devnames
 from placer.errors import ClusterError
 
 TASKS_FORMAT = 1
+PID_MAX = 2**22         # Linux's PID_MAX_LIMIT: a larger "pid" is no process (os.kill overflows on 2**63)
 
 
 
@@ -159,7 +160,7 @@ def tasks_from_dict(obj, source: str = "<tasks>") -> TasksFile:
             raise bad(f"task {k}: address {addr} is listed twice")
         seen.add(addr)
         pid = t.get("pid")
-        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1):
+        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or not 1 < pid <= PID_MAX):
             raise bad(f"task {k}: pid {pid!r} is not a process id (or null)")
         cores = t.get("cores") or []
         if not isinstance(cores, list) or not all(isinstance(c, int) and c >= 0 for c in cores):

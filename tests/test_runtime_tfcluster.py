@@ -294,6 +294,9 @@ def parse_cluster_dict(obj):
     ('{"format": 1, "devices": [{"name": "/CPU:0", "kind": "cpu"}]}', "--cluster"),
     ('{"format": 1, "graph_fingerprint": "f", "devices": ["/CPU:0"], "placement": {"a": "/CPU:0"}}',
      "is a placement file (op → device), not a tasks file"),           # it said "a cluster JSON"
+    ('{"format": 1, "job": "worker", "tasks": [{"address": "127.0.0.1:1234", "pid": 1180591620717411303424, '
+     '"cores": [], "devices": ["/job:worker/replica:0/task:0/device:CPU:0"]}]}',
+     "is not a process id"),                                           # OverflowError traceback from os.kill
 ])
 def test_malformed_tasks_file_is_a_one_line_error(tmp_path, capsys, text, words):
     p = tmp_path / "bad.json"
