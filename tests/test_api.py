@@ -6,7 +6,7 @@ import pytest
 
 from placer.placement import Placement, random_placement, round_robin_placement, single_placement
 from placer.problem import resolve_placement
-from placer.errors import PlacementError
+from placer.errors import OutputError, PlacementError
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import Cluster, Device
 
@@ -35,6 +35,17 @@ def test_placement_roundtrip_and_contract_keys(tmp_path):
     back = Placement.load(tmp_path / "placement.json")
     assert (back.to_indices(g, c.device_names) == idx).all()
     assert (resolve_placement(str(tmp_path / "placement.json"), g, c) == idx).all()
+
+
+def test_placement_save_to_an_unwritable_path_is_one_line_naming_it(tmp_path):
+    """save() raised the OS's error naming `PATH.tmp`, and a directory at PATH left PATH.tmp behind."""
+    g, c = small_graph(), small_cluster()
+    p = Placement.from_indices(g, c.device_names, round_robin_placement(g, c))
+    (tmp_path / "adir").mkdir()
+    for path in (tmp_path / "adir", tmp_path / "missing" / "p.json"):
+        with pytest.raises(OutputError, match=f"placement file {re.escape(str(path))}: cannot write it: "):
+            p.save(path)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["adir"] and not any((tmp_path / "adir").iterdir())
 
 
 def test_placement_for_another_graph_is_an_error(tmp_path):
