@@ -172,6 +172,29 @@ def test_calibrate_settings_are_checked_before_any_measurement(flags, message, t
     assert err == "placer calibrate: error: " + message
 
 
+@pytest.mark.parametrize("files, at_fault", [
+    ({"checkpoint/state.json": "{}", "cluster.json": '{"devices": []}'}, "holds a search (its checkpoint/)"),
+    ({"cluster.json": '{"devices": []}'}, "cluster.json exists and is no calibrated cluster"),
+    ({"costs.json": "my notes"}, "costs.json exists and is no cost table")])
+def test_calibrate_never_overwrites_a_search_or_a_foreign_file(files, at_fault, tmp_path, capsys, monkeypatch):
+    """`placer calibrate --out RUN_DIR` replaced the search's cluster.json with the calibrated one, after which
+    `placer replace RUN_DIR` and --resume read the wrong cluster ("cannot exclude '/GPU:1': cluster 'calibrated
+    cpu:2' has devices ['/CPU:0', '/CPU:1']")."""
+    def no_work(*a, **k):
+        raise AssertionError("measuring began before --out was checked")
+
+    monkeypatch.setattr("placer.runtime.local.LocalRunner", no_work)
+    monkeypatch.setattr("placer.cli.load_from_args", lambda args: None)
+    out = tmp_path / "run"
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    assert main(["calibrate", *TINY, "--devices", "cpu:2", "--out", str(out)]) == 2
+    [err] = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith("placer calibrate: error: calibrate: ") and at_fault in err and str(out) in err
+    assert {n: (out / n).read_text() for n in files} == files
+
+
 @pytest.mark.parametrize("flag", ["--runs", "--warmup", "--timeout"])
 def test_measurement_flags_of_a_simulated_search_are_refused_not_ignored(flag, tmp_path, capsys):
     """`placer search --cluster 2xK80 --runs 10` simulated every placement and never used --runs, silently."""

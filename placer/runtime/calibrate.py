@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from placer.errors import MeasurementError
+from placer.errors import MeasurementError, OutputError
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,31 @@ def compute_sharing(tasks, *, rounds: int = 3, runs: int = 3, timeout: float = 6
             "runs": [len(got[0]), len(got[1])]}
 
 
+def _is_calibration(path: Path) -> bool:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(obj, dict) and "calibration" in obj
+
+
+def check_out_dir(out: Path) -> None:
+    """Before any measuring: calibrate replaces the cluster.json and costs.json of an earlier calibration in `out`,
+    never a search's directory (its checkpoint/, and the cluster.json that `placer replace` and --resume read) nor
+    other files of those names. OutputError naming the file."""
+    from placer.sim.costs import is_cost_table
+
+    if (out / "checkpoint").is_dir():
+        raise OutputError(f"calibrate: {out} holds a search (its checkpoint/), whose cluster.json calibrate would "
+                          f"replace: pick another --out")
+    for name, what, test in (("cluster.json", "calibrated cluster", _is_calibration),
+                             ("costs.json", "cost table", is_cost_table)):
+        p = out / name
+        if p.exists() and not (p.is_file() and (p.stat().st_size == 0 or test(p))):
+            raise OutputError(f"calibrate: {p} exists and is no {what}; calibrate will not overwrite it (remove it "
+                              f"or pick another --out)")
+
+
 def calibrate(graph, devices, out_dir: "str | os.PathLike", *, sizes: Sequence[int] = DEFAULT_SIZES,
               link_runs: int = 15, link_warmup: int = 3, profile_runs: int = 5, timeout: float = 600.0,
               progress=None, fit_placements: int = 0, fit_rounds: int = 4, fit_runs: int = 1) -> dict:
@@ -180,6 +205,7 @@ def calibrate(graph, devices, out_dir: "str | os.PathLike", *, sizes: Sequence[i
         raise MeasurementError(f"calibrate: --fit-placements fits the shared speed of two or more TF cluster tasks: "
                                f"give --devices a tasks file of `placer cluster up` (not {devices})")
     out = Path(out_dir)
+    check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     if looks_like_tasks_file(devices):
         from placer.runtime.tfcluster import TFClusterRunner
