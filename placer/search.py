@@ -532,6 +532,12 @@ def load_run_problem(run_dir: Path):
     from placer.sim.cluster import parse_cluster
 
     missing = [f for f in (RUN_GRAPH, RUN_CLUSTER, RUN_PROBLEM, "placement.json") if not (run_dir / f).exists()]
+    if missing and not run_dir.is_dir():
+        raise SearchError(f"run directory {run_dir} does not exist (re-placement needs the directory `placer search "
+                          "--out` wrote)")
+    if missing and (run_dir / "checkpoint").is_dir():      # killed before it wrote its results
+        raise SearchError(f"{run_dir} holds a search that never finished (no {', '.join(missing)}): finish it with "
+                          f"`placer search --resume {run_dir}` first")
     if missing:
         raise SearchError(f"{run_dir} is not a search directory of this placer version (no {', '.join(missing)}); "
                           "re-placement needs the directory `placer search --out` wrote")

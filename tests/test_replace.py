@@ -102,6 +102,20 @@ def test_replace_bad_input_one_line(run_dir, tmp_path, capsys):
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "/GPU:9" in err and "Traceback" not in err
 
 
+def test_replace_of_a_missing_or_unfinished_run_says_which(tmp_path):
+    """Both said "is not a search directory of this placer version (no graph.npz, ...)": a mistyped path, and a
+    search killed before writing its results, which --resume can still finish."""
+    import placer
+
+    with pytest.raises(SearchError, match=r"run directory \S+nowhere does not exist"):
+        placer.replace(tmp_path / "nowhere", ["/GPU:0"], budget_seconds=5)
+    (tmp_path / "killed" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "killed" / "args.json").write_text("{}")
+    with pytest.raises(SearchError, match=r"killed holds a search that never finished \(no graph.npz.*: finish it "
+                                          r"with `placer search --resume \S+killed` first"):
+        placer.replace(tmp_path / "killed", ["/GPU:0"], budget_seconds=5)
+
+
 def test_replace_without_checkpoint_searches_cold_with_a_notice(run_dir, tmp_path):
     import placer
 
