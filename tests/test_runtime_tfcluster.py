@@ -307,6 +307,15 @@ def test_malformed_tasks_file_is_a_one_line_error(tmp_path, capsys, text, words)
     assert str(p) in err and words in err
 
 
+@pytest.mark.parametrize("flags, message", [(["--tasks", "0"], "--tasks 0: need at least one task"),
+                                            (["--tasks", "1", "--cores-per-task", "0"],
+                                             "--cores-per-task 0: need at least one core per task")])
+def test_cluster_up_names_the_flag_at_fault(flags, message, tmp_path, capsys):
+    """--tasks 0 said "need --tasks >= 1 and --cores-per-task >= 1 (got 0, 2)", the 2 a default never given."""
+    err = _one_line_error(capsys, main(["cluster", "up", *flags, "--out", str(tmp_path / "t.json")]))
+    assert err == "placer cluster: error: " + message and not (tmp_path / "t.json").exists()
+
+
 def test_dead_ports_are_a_one_line_error(tmp_path, capsys, mlp):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

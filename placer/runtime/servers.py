@@ -174,8 +174,10 @@ def plan_cores(tasks: int, cores_per_task: int | None, share_cores: bool) -> lis
     even split). ClusterError when they do not suffice, unless `share_cores` (then dealt out in turn, warning)."""
     avail = sorted(os.sched_getaffinity(0))
     k = cores_per_task if cores_per_task is not None else max(1, len(avail) // max(1, tasks))
-    if tasks < 1 or k < 1:
-        raise ClusterError(f"need --tasks >= 1 and --cores-per-task >= 1 (got {tasks}, {k})")
+    if tasks < 1:       # it said "(got 0, 2)": the 2 was the default core count, not a flag the user gave
+        raise ClusterError(f"--tasks {tasks}: need at least one task")
+    if k < 1:
+        raise ClusterError(f"--cores-per-task {k}: need at least one core per task")
     need = tasks * k
     if need > len(avail):
         if not share_cores:
