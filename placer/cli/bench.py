@@ -28,8 +28,11 @@ def run_bench(args) -> int:
         raise SearchError(f"--local-moves must be 0 or more, got {args.local_moves}")
     from placer.sim.cluster import parse_cluster
 
-    from placer.graphs.models import PRECISIONS
+    from placer.graphs.models import MODELS, PRECISIONS
 
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:      # before any cell (it was found in the first cell's build, under the progress bar)
+        raise SearchError(f"--models: unknown model {unknown[0]!r}; valid models: {', '.join(MODELS)}")
     precision = getattr(args, "precision", None) or "fp32"
     if precision not in PRECISIONS:
         raise SearchError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
