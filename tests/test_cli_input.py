@@ -263,7 +263,8 @@ def test_bench_with_an_unknown_model_is_one_line_before_any_cell(tmp_path, capsy
     """`placer bench --models nmt,foo` found 'foo' only when its cell was built, under the progress bar (a tqdm line
     before the error, the nmt cells first): one line naming it now, before any work or output."""
     out = tmp_path / "b"
-    assert main(["bench", "--models", "nmt,foo", "--size", "tiny", "--gpus", "2", "--out", str(out)]) == 2
+    assert main(["bench", "--models", "nmt,foo", "--size", "tiny", "--gpus", "2", "--budget", "1", "--out",
+                 str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--models: unknown model 'foo'" in err and "nmt" in err
     assert not out.exists()
