@@ -42,6 +42,24 @@ def os_reason(e: OSError) -> str:
     return os.strerror(errno.ENOTDIR) if isinstance(e, FileExistsError) else e.strerror or str(e)
 
 
+def write_text_atomic(path, text: str, what: str) -> None:
+    """Write `text` to `path` atomically (a temp file beside it, then a rename: a reader never sees half a file).
+    On failure no temp file stays and OutputError says "`what` PATH: cannot write it: <the OS's reason>" (the OS's
+    error named the temp file)."""
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp.is_file():
+            tmp.unlink()
+        raise OutputError(f"{what} {path}: cannot write it: {os_reason(e)}") from None
+
+
 _CREATED: list = []     # the top directories writable_dir created in this process (taking_back_empty_dirs)
 
 

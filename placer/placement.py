@@ -17,7 +17,7 @@ import numpy as np
 
 from placer._version import __version__
 from placer import devnames
-from placer.errors import ClusterError, OutputError, PlacementError, os_reason
+from placer.errors import ClusterError, PlacementError, write_text_atomic
 from placer.graphs.opgraph import OpGraph
 
 PLACEMENT_FORMAT = 1
@@ -102,15 +102,7 @@ class Placement:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the placement file of CLI.md (atomically: a temp file then a rename)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(self.to_json(), indent=1))
-            os.replace(tmp, path)
-        except OSError as e:    # it raised the OS's error naming the .tmp file, and left that file behind
-            if tmp.is_file():
-                tmp.unlink()
-            raise OutputError(f"placement file {path}: cannot write it: {os_reason(e)}") from None
+        write_text_atomic(path, json.dumps(self.to_json(), indent=1), "placement file")
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Placement":

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from placer import devnames
-from placer.errors import ClusterError
+from placer.errors import ClusterError, write_text_atomic
 
 TASKS_FORMAT = 1
 PID_MAX = 2**22         # Linux's PID_MAX_LIMIT: a larger "pid" is no process (os.kill overflows on 2**63)
@@ -128,10 +128,7 @@ class TasksFile:
         return {"format": TASKS_FORMAT, "job": self.job, "tasks": [t.to_dict() for t in self.tasks], **self.extra}
 
     def save(self, path: "str | os.PathLike") -> None:
-        p = Path(path)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        os.replace(tmp, p)
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n", "tasks file")
 
 
 def tasks_from_dict(obj, source: str = "<tasks>") -> TasksFile:

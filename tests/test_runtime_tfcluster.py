@@ -307,6 +307,23 @@ def test_malformed_tasks_file_is_a_one_line_error(tmp_path, capsys, text, words)
     assert str(p) in err and words in err
 
 
+def test_tasks_file_save_to_an_unwritable_path_is_one_line_naming_it(tmp_path):
+    """TasksFile.save raised the OS's error naming `PATH.tmp` (and a directory at PATH kept PATH.tmp), as
+    Placement.save did: both write through placer.errors.write_text_atomic now."""
+    from placer.errors import OutputError
+    from placer.tasks import tasks_from_dict
+
+    task = {"address": "127.0.0.1:1234", "pid": None, "cores": [0],
+            "devices": ["/job:worker/replica:0/task:0/device:CPU:0"]}
+    tf = tasks_from_dict({"format": 1, "job": "worker", "tasks": [task]})
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(OutputError, match=f"tasks file {tmp_path / 'adir'}: cannot write it: "):
+        tf.save(tmp_path / "adir")
+    assert not any((tmp_path / "adir").iterdir()) and [x.name for x in tmp_path.iterdir()] == ["adir"]
+    tf.save(tmp_path / "t.json")
+    assert load_tasks(tmp_path / "t.json").tasks[0].address == "127.0.0.1:1234"
+
+
 @pytest.mark.parametrize("flags, message", [(["--tasks", "0"], "--tasks 0: need at least one task"),
                                             (["--tasks", "1", "--cores-per-task", "0"],
                                              "--cores-per-task 0: need at least one core per task")])
