@@ -93,12 +93,13 @@ def _one_line_error(capsys, rc):
 
 
 # ---- cluster up / down --------------------------------------------------------------------------------------------
-def test_cluster_up_and_down_leave_no_process(tmp_path, capsys):
+def test_cluster_up_and_down_leave_no_process(tmp_path, capsys, monkeypatch):
     _need_cores(2)
+    monkeypatch.chdir(tmp_path)
     path = tmp_path / "c.json"
     pids = []
     try:
-        assert main(["cluster", "up", "--tasks", "2", "--out", str(path)]) == 0
+        assert main(["cluster", "up", "--tasks", "2", "--out", "c.json"]) == 0      # relative, from tmp_path
         obj = json.loads(path.read_text())
         assert obj["format"] == 1 and obj["job"] == "worker" and len(obj["tasks"]) == 2
         pids = [t["pid"] for t in obj["tasks"]]
@@ -106,6 +107,8 @@ def test_cluster_up_and_down_leave_no_process(tmp_path, capsys):
             assert set(t) >= {"address", "pid", "cores", "devices"}
             assert t["address"].startswith("127.0.0.1:") and isinstance(t["pid"], int)
             assert t["devices"] == [f"/job:worker/replica:0/task:{k}/device:CPU:0"]
+            # its log named absolutely (it was relative to where `cluster up` ran, wrong read from elsewhere)
+            assert t["log"] == str(tmp_path / f"c.task{k}.log") and os.path.isfile(t["log"])
             # pinned to its own cores, serving on loopback only, surviving the command (it runs detached)
             assert os.sched_getaffinity(t["pid"]) == set(t["cores"])
             port = int(t["address"].rsplit(":", 1)[1])

@@ -253,7 +253,8 @@ def cluster_up(tasks: int, out: "str | os.PathLike", *, cores_per_task: int | No
         env["LD_PRELOAD"] = (shim + " " + env["LD_PRELOAD"]).strip() if env.get("LD_PRELOAD") else shim
     out.parent.mkdir(parents=True, exist_ok=True)
     addresses = [f"{HOST}:{p}" for p in ports]
-    logs = [str(out.with_name(f"{out.stem}.task{k}.log")) for k in range(tasks)]
+    # absolute: the tasks file names them for whoever reads it, from any directory
+    logs = [str(out.absolute().with_name(f"{out.stem}.task{k}.log")) for k in range(tasks)]
     pids: dict[int, int] = {}
     devices: dict[int, list[str]] = {}
     pipes: dict[int, int] = {}
