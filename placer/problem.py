@@ -243,7 +243,12 @@ def resolve_placement(spec: str, graph: OpGraph, cluster: Cluster, seed: int = 0
     if spec == "anneal":
         return anneal_placement(graph, cluster, seed=seed, costs=costs)
     if os.path.exists(spec) or spec.endswith(".json"):
-        return Placement.load(spec).to_indices(graph, cluster.device_names)
+        try:
+            return Placement.load(spec).to_indices(graph, cluster.device_names)
+        except PlacementError as e:      # "op 'x' is placed on..." without the file the user gave
+            if spec in str(e):
+                raise
+            raise PlacementError(f"placement file {spec}: {e}") from None
     valid = list(BUILTIN_PLACEMENTS) + sorted(set(BASELINES) - set(BUILTIN_PLACEMENTS) | {"anneal"})
     raise PlacementError(f"unknown placement {spec!r}: use one of {valid} or a placement.json path")
 

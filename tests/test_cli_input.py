@@ -268,3 +268,22 @@ def test_bench_with_an_unknown_model_is_one_line_before_any_cell(tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--models: unknown model 'foo'" in err and "nmt" in err
     assert not out.exists()
+
+
+def test_a_placement_file_that_does_not_fit_the_graph_is_named_in_the_error(tmp_path, capsys):
+    """`--placement FILE` whose map lacks an op or names a device the cluster lacks said which op, not which file."""
+    import json
+
+    assert main(["search", *TINY, "--cluster", "2xK80", "--max-updates", "0", "--no-progress", "--out",
+                 str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    d = json.loads((tmp_path / "run" / "placement.json").read_text())
+    op = next(iter(d["placement"]))
+    for name, edit in (("missing", lambda m: m.pop(op)), ("gpu7", lambda m: m.__setitem__(op, "/GPU:7"))):
+        m = dict(d["placement"])
+        edit(m)
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps({**d, "placement": m}))
+        assert main(["simulate", *TINY, "--cluster", "2xK80", "--placement", str(f)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"placement file {f}: " in err and repr(op) in err, err
