@@ -356,6 +356,26 @@ def test_missing_file(tmp_path):
         load(tmp_path / "nope.pb")
 
 
+def test_unreadable_graph_file_or_saved_model_is_one_error_naming_it(tmp_path, monkeypatch):
+    """A graph file without read permission raised the OS's PermissionError (a traceback from the CLI)."""
+    import pathlib
+
+    real = pathlib.Path.read_bytes
+
+    def read_bytes(self):
+        if self.name.startswith("locked") or self.name == "saved_model.pb":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+    (tmp_path / "sm").mkdir()
+    for p in (tmp_path / "locked.pb", tmp_path / "locked.keras", tmp_path / "sm" / "saved_model.pb"):
+        p.write_bytes(b"x")
+        with pytest.raises(GraphImportError) as e:
+            load(p.parent if p.name == "saved_model.pb" else p, fetches=None, batch_size=2, cache=False)
+        assert str(e.value) == f"{p}: cannot read it: Permission denied"
+
+
 @pytest.mark.parametrize("suffix", [".pb", ".meta", ".pbtxt"])
 def test_truncated_and_non_graph_files(tmp_path, suffix):
     gd = tf1_graph().as_graph_def().SerializeToString()

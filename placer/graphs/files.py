@@ -16,10 +16,18 @@ import hashlib
 import re
 from pathlib import Path
 
-from placer.errors import GraphImportError
+from placer.errors import GraphImportError, os_reason
 from placer.graphs.runnable import FETCHES_COLLECTION
 
 _OP_RE = re.compile(r"^[A-Za-z_>][A-Za-z0-9_>./\-]*$")
+
+
+def read_file(path: Path) -> bytes:
+    """The bytes of graph file `path`; an unreadable one (permissions, I/O error) is one GraphImportError naming it."""
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise GraphImportError(f"{path}: cannot read it: {os_reason(e)}") from None
 
 
 def hash_files(d: Path) -> str:
@@ -28,7 +36,7 @@ def hash_files(d: Path) -> str:
     for p in sorted(d.rglob("*")):
         if p.is_file():
             h.update(str(p.relative_to(d)).encode())
-            h.update(p.read_bytes())
+            h.update(read_file(p))
     return h.hexdigest()
 
 
@@ -93,9 +101,9 @@ def read_saved_model(path: Path):
     sm = saved_model_pb2.SavedModel()
     try:
         if (path / "saved_model.pb").exists():
-            sm.ParseFromString((path / "saved_model.pb").read_bytes())
+            sm.ParseFromString(read_file(path / "saved_model.pb"))
         else:
-            text_format.Parse((path / "saved_model.pbtxt").read_text(), sm)
+            text_format.Parse(read_file(path / "saved_model.pbtxt").decode("utf-8"), sm)
     except (message.DecodeError, text_format.ParseError, ValueError, UnicodeDecodeError):
         raise GraphImportError(f"{path}/saved_model.pb is not a SavedModel (truncated or corrupt)") from None
     if not sm.meta_graphs:

@@ -92,7 +92,7 @@ import numpy as np
 from placer.errors import GraphImportError
 from placer.graphs.cache import cache_dir, cached
 from placer.graphs.cleanup import convert_graph_def, inline_functions
-from placer.graphs.files import (hash_files, meta_graph_fetches, parse_graph_file, read_saved_model,
+from placer.graphs.files import (hash_files, meta_graph_fetches, parse_graph_file, read_file, read_saved_model,
                                  saved_model_graph)
 from placer.graphs.opgraph import OpGraph
 from placer.graphs.runnable import RuntimeSpec, runtime_spec, synthetic_feeds
@@ -228,10 +228,10 @@ def _load_path(path: Path, *, fetches, batch_size, name, cache) -> OpGraph:
         return cached(key, lambda: _from_saved_model(read_saved_model(path), fetches, batch_size, nm, str(path)), cache)
     if path.suffix.lower() == ".keras":
         _no_keras_fetches(fetches, f"Keras model {path}")
-        key = ("keras_file", hashlib.sha256(path.read_bytes()).hexdigest(), batch_size)
+        key = ("keras_file", hashlib.sha256(read_file(path)).hexdigest(), batch_size)
         return cached(key, lambda: _load_keras(load_keras_file(path), batch_size=batch_size, name=nm, cache=False),
                       cache)
-    data = path.read_bytes()
+    data = read_file(path)
     if not data:
         raise GraphImportError(f"{path} is empty (not a TensorFlow graph)")
     key = ("file", hashlib.sha256(data).hexdigest(), fetches, batch_size)
