@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -439,6 +440,18 @@ def test_unknown_fetch():
         load(tf1_graph(), fetches=["trian"], batch_size=2, cache=False)
     with pytest.raises(GraphImportError, match="needs fetch names"):
         load(tf1_graph().as_graph_def(), cache=False)
+
+
+def test_a_fetch_naming_no_tensor_of_its_op_is_refused():
+    """`--fetch loss:3` (Sum has one output) and `--fetch ^train` were accepted and written into the runnable
+    graph's fetches, where running them fails."""
+    with pytest.raises(GraphImportError) as e:
+        load(tf1_graph(), fetches=["loss:3"], batch_size=2, cache=False)
+    assert str(e.value) == "tf.Graph: fetch 'loss:3' names no tensor: op 'loss' (Sum) has 1 output(s)"
+    for bad in ("^train", "loss:x"):
+        with pytest.raises(GraphImportError, match=re.escape(f"fetch {bad!r} is neither an op name nor")):
+            load(tf1_graph(), fetches=[bad], batch_size=2, cache=False)
+    assert load(tf1_graph(), fetches=["loss:0"], batch_size=2, cache=False).fetches == ("loss:0",)
 
 
 def test_tf1_while_loop_refused():
