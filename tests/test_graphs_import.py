@@ -454,6 +454,13 @@ def test_a_fetch_naming_no_tensor_of_its_op_is_refused():
     assert load(tf1_graph(), fetches=["loss:0"], batch_size=2, cache=False).fetches == ("loss:0",)
 
 
+def test_one_fetch_name_as_a_string_and_a_bool_batch_size():
+    """fetches="train" was split into its characters ("fetch 't' names no op"); batch_size=True imported batch 1."""
+    assert load(tf1_graph(), fetches="train", batch_size=2, cache=False).fetches == ("train",)
+    with pytest.raises(GraphImportError, match="batch size must be a positive integer, got True"):
+        load(tf1_graph(), batch_size=True, cache=False)
+
+
 def test_tf1_while_loop_refused():
     g = tf.Graph()
     with g.as_default():

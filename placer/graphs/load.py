@@ -116,8 +116,11 @@ def load(
     >>> g.num_ops, g.fetches                    # doctest: +SKIP
     (11042, ('train_op',))
     """
-    if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size <= 0):
+    if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool)
+                                   or batch_size <= 0):
         raise GraphImportError(f"batch size must be a positive integer, got {batch_size!r}")
+    if isinstance(fetches, str):    # one name, not its characters
+        fetches = [fetches]
     fetches = list(fetches) if fetches else None
     if isinstance(source, (str, os.PathLike)):
         return _load_path(Path(source), fetches=fetches, batch_size=batch_size, name=name, cache=cache)
