@@ -390,6 +390,18 @@ def test_truncated_and_non_graph_files(tmp_path, suffix):
         load(q, fetches=["train"], cache=False)
 
 
+def test_a_pbtxt_with_a_syntax_error_names_the_line(tmp_path):
+    """A .pbtxt with a typo said only "is not a TensorFlow graph (truncated, corrupt or another kind of file)"."""
+    text = str(tf1_graph().as_graph_def()).splitlines()
+    text[2] = text[2] + " }}{ oops"
+    p = tmp_path / "typo.pbtxt"
+    p.write_text("\n".join(text))
+    with pytest.raises(GraphImportError) as e:
+        load(p, fetches=["train"], batch_size=2, cache=False)
+    assert str(e.value).startswith(f"{p} is not a TensorFlow graph (truncated, corrupt or another kind of file): "
+                                   f"line 3 column {len(text[2]) - 6}: ")
+
+
 def test_a_file_named_keras_that_is_no_keras_file_says_so(tmp_path):
     p = tmp_path / "x.keras"
     p.write_text("hello, this is not a Keras model\n")

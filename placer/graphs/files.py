@@ -68,15 +68,20 @@ def parse_graph_file(path: Path, data: bytes):
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise GraphImportError(bad) from None
+        furthest = ((0, 0), "")     # the syntax error of the parse that got furthest: where the text is wrong
         for cls in (graph_pb2.GraphDef, meta_graph_pb2.MetaGraphDef, saved_model_pb2.SavedModel):
             p = cls()
             try:
                 text_format.Parse(text, p)
-            except (text_format.ParseError, message.DecodeError, ValueError):
+            except (text_format.ParseError, message.DecodeError, ValueError) as e:
+                at = (getattr(e, "GetLine", lambda: 0)() or 0, getattr(e, "GetColumn", lambda: 0)() or 0)
+                if at > max(furthest[0], (1, 1)):
+                    furthest = (at, str(e).split(" : ", 1)[-1].splitlines()[0])
                 continue
             if _proto_ok(p):
                 return p
-        raise GraphImportError(bad)
+        (line, col), why = furthest
+        raise GraphImportError(f"{bad}: line {line} column {col}: {why}" if line else bad)
     order = [meta_graph_pb2.MetaGraphDef, graph_pb2.GraphDef, saved_model_pb2.SavedModel]
     if suffix == ".pb":
         order = [graph_pb2.GraphDef, meta_graph_pb2.MetaGraphDef, saved_model_pb2.SavedModel]
