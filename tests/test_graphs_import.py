@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -356,6 +357,26 @@ def test_missing_file(tmp_path):
         load(tmp_path / "nope.pb")
 
 
+def test_unreadable_graph_file_or_saved_model_is_one_error_naming_it(tmp_path, monkeypatch):
+    """A graph file without read permission raised the OS's PermissionError (a traceback from the CLI)."""
+    import pathlib
+
+    real = pathlib.Path.read_bytes
+
+    def read_bytes(self):
+        if self.name.startswith("locked") or self.name == "saved_model.pb":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+    (tmp_path / "sm").mkdir()
+    for p in (tmp_path / "locked.pb", tmp_path / "locked.keras", tmp_path / "sm" / "saved_model.pb"):
+        p.write_bytes(b"x")
+        with pytest.raises(GraphImportError) as e:
+            load(p.parent if p.name == "saved_model.pb" else p, fetches=None, batch_size=2, cache=False)
+        assert str(e.value) == f"{p}: cannot read it: Permission denied"
+
+
 @pytest.mark.parametrize("suffix", [".pb", ".meta", ".pbtxt"])
 def test_truncated_and_non_graph_files(tmp_path, suffix):
     gd = tf1_graph().as_graph_def().SerializeToString()
@@ -367,6 +388,18 @@ def test_truncated_and_non_graph_files(tmp_path, suffix):
     q.write_text("hello, this is not a graph\n" * 10)
     with pytest.raises(GraphImportError, match="not a TensorFlow graph"):
         load(q, fetches=["train"], cache=False)
+
+
+def test_a_pbtxt_with_a_syntax_error_names_the_line(tmp_path):
+    """A .pbtxt with a typo said only "is not a TensorFlow graph (truncated, corrupt or another kind of file)"."""
+    text = str(tf1_graph().as_graph_def()).splitlines()
+    text[2] = text[2] + " }}{ oops"
+    p = tmp_path / "typo.pbtxt"
+    p.write_text("\n".join(text))
+    with pytest.raises(GraphImportError) as e:
+        load(p, fetches=["train"], batch_size=2, cache=False)
+    assert str(e.value).startswith(f"{p} is not a TensorFlow graph (truncated, corrupt or another kind of file): "
+                                   f"line 3 column {len(text[2]) - 6}: ")
 
 
 def test_a_file_named_keras_that_is_no_keras_file_says_so(tmp_path):
@@ -419,6 +452,25 @@ def test_unknown_fetch():
         load(tf1_graph(), fetches=["trian"], batch_size=2, cache=False)
     with pytest.raises(GraphImportError, match="needs fetch names"):
         load(tf1_graph().as_graph_def(), cache=False)
+
+
+def test_a_fetch_naming_no_tensor_of_its_op_is_refused():
+    """`--fetch loss:3` (Sum has one output) and `--fetch ^train` were accepted and written into the runnable
+    graph's fetches, where running them fails."""
+    with pytest.raises(GraphImportError) as e:
+        load(tf1_graph(), fetches=["loss:3"], batch_size=2, cache=False)
+    assert str(e.value) == "tf.Graph: fetch 'loss:3' names no tensor: op 'loss' (Sum) has 1 output(s)"
+    for bad in ("^train", "loss:x"):
+        with pytest.raises(GraphImportError, match=re.escape(f"fetch {bad!r} is neither an op name nor")):
+            load(tf1_graph(), fetches=[bad], batch_size=2, cache=False)
+    assert load(tf1_graph(), fetches=["loss:0"], batch_size=2, cache=False).fetches == ("loss:0",)
+
+
+def test_one_fetch_name_as_a_string_and_a_bool_batch_size():
+    """fetches="train" was split into its characters ("fetch 't' names no op"); batch_size=True imported batch 1."""
+    assert load(tf1_graph(), fetches="train", batch_size=2, cache=False).fetches == ("train",)
+    with pytest.raises(GraphImportError, match="batch size must be a positive integer, got True"):
+        load(tf1_graph(), batch_size=True, cache=False)
 
 
 def test_tf1_while_loop_refused():

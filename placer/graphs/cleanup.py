@@ -327,6 +327,9 @@ def convert_graph_def(gd, fetches: list[str], *, batch_size: int | None, name: s
     for f in fetches:
         if op_name(f) not in nodes:
             raise unknown_fetch(f, nodes, where)
+        if f.startswith("^") or (":" in f and not f.partition(":")[2].isdigit()):
+            raise GraphImportError(f"{where}: fetch {f!r} is neither an op name nor a tensor name (op:index), "
+                                   f"e.g. {op_name(f)!r}")
     keep = closure([op_name(f) for f in fetches], nodes)
     missing = sorted(n for n in keep if n not in nodes)
     if missing:
@@ -361,6 +364,12 @@ def convert_graph_def(gd, fetches: list[str], *, batch_size: int | None, name: s
             tf.graph_util.import_graph_def(out_gd, name="")
         except Exception as e:  # noqa: BLE001 - TF's message, one line
             raise GraphImportError(f"{where}: TensorFlow cannot import the graph: {first_line(e)}") from None
+        for f in fetches:
+            if ":" in f:
+                op = g.get_operation_by_name(op_name(f))
+                if int(f.partition(":")[2]) >= len(op.outputs):
+                    raise GraphImportError(f"{where}: fetch {f!r} names no tensor: op {op.name!r} ({op.type}) has "
+                                           f"{len(op.outputs)} output(s)")
         init_name = add_initializers(g, var_ops - initialised, var_values or {}, init_roots)
     run_gd = g.as_graph_def()
 

@@ -16,10 +16,18 @@ import hashlib
 import re
 from pathlib import Path
 
-from placer.errors import GraphImportError
+from placer.errors import GraphImportError, os_reason
 from placer.graphs.runnable import FETCHES_COLLECTION
 
 _OP_RE = re.compile(r"^[A-Za-z_>][A-Za-z0-9_>./\-]*$")
+
+
+def read_file(path: Path) -> bytes:
+    """The bytes of graph file `path`; an unreadable one (permissions, I/O error) is one GraphImportError naming it."""
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise GraphImportError(f"{path}: cannot read it: {os_reason(e)}") from None
 
 
 def hash_files(d: Path) -> str:
@@ -28,7 +36,7 @@ def hash_files(d: Path) -> str:
     for p in sorted(d.rglob("*")):
         if p.is_file():
             h.update(str(p.relative_to(d)).encode())
-            h.update(p.read_bytes())
+            h.update(read_file(p))
     return h.hexdigest()
 
 
@@ -60,15 +68,20 @@ def parse_graph_file(path: Path, data: bytes):
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise GraphImportError(bad) from None
+        furthest = ((0, 0), "")     # the syntax error of the parse that got furthest: where the text is wrong
         for cls in (graph_pb2.GraphDef, meta_graph_pb2.MetaGraphDef, saved_model_pb2.SavedModel):
             p = cls()
             try:
                 text_format.Parse(text, p)
-            except (text_format.ParseError, message.DecodeError, ValueError):
+            except (text_format.ParseError, message.DecodeError, ValueError) as e:
+                at = (getattr(e, "GetLine", lambda: 0)() or 0, getattr(e, "GetColumn", lambda: 0)() or 0)
+                if at > max(furthest[0], (1, 1)):
+                    furthest = (at, str(e).split(" : ", 1)[-1].splitlines()[0])
                 continue
             if _proto_ok(p):
                 return p
-        raise GraphImportError(bad)
+        (line, col), why = furthest
+        raise GraphImportError(f"{bad}: line {line} column {col}: {why}" if line else bad)
     order = [meta_graph_pb2.MetaGraphDef, graph_pb2.GraphDef, saved_model_pb2.SavedModel]
     if suffix == ".pb":
         order = [graph_pb2.GraphDef, meta_graph_pb2.MetaGraphDef, saved_model_pb2.SavedModel]
@@ -93,9 +106,9 @@ def read_saved_model(path: Path):
     sm = saved_model_pb2.SavedModel()
     try:
         if (path / "saved_model.pb").exists():
-            sm.ParseFromString((path / "saved_model.pb").read_bytes())
+            sm.ParseFromString(read_file(path / "saved_model.pb"))
         else:
-            text_format.Parse((path / "saved_model.pbtxt").read_text(), sm)
+            text_format.Parse(read_file(path / "saved_model.pbtxt").decode("utf-8"), sm)
     except (message.DecodeError, text_format.ParseError, ValueError, UnicodeDecodeError):
         raise GraphImportError(f"{path}/saved_model.pb is not a SavedModel (truncated or corrupt)") from None
     if not sm.meta_graphs:

@@ -92,7 +92,7 @@ import numpy as np
 from placer.errors import GraphImportError
 from placer.graphs.cache import cache_dir, cached
 from placer.graphs.cleanup import convert_graph_def, inline_functions
-from placer.graphs.files import (hash_files, meta_graph_fetches, parse_graph_file, read_saved_model,
+from placer.graphs.files import (hash_files, meta_graph_fetches, parse_graph_file, read_file, read_saved_model,
                                  saved_model_graph)
 from placer.graphs.opgraph import OpGraph
 from placer.graphs.runnable import RuntimeSpec, runtime_spec, synthetic_feeds
@@ -116,8 +116,11 @@ def load(
     >>> g.num_ops, g.fetches                    # doctest: +SKIP
     (11042, ('train_op',))
     """
-    if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size <= 0):
+    if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool)
+                                   or batch_size <= 0):
         raise GraphImportError(f"batch size must be a positive integer, got {batch_size!r}")
+    if isinstance(fetches, str):    # one name, not its characters
+        fetches = [fetches]
     fetches = list(fetches) if fetches else None
     if isinstance(source, (str, os.PathLike)):
         return _load_path(Path(source), fetches=fetches, batch_size=batch_size, name=name, cache=cache)
@@ -228,10 +231,10 @@ def _load_path(path: Path, *, fetches, batch_size, name, cache) -> OpGraph:
         return cached(key, lambda: _from_saved_model(read_saved_model(path), fetches, batch_size, nm, str(path)), cache)
     if path.suffix.lower() == ".keras":
         _no_keras_fetches(fetches, f"Keras model {path}")
-        key = ("keras_file", hashlib.sha256(path.read_bytes()).hexdigest(), batch_size)
+        key = ("keras_file", hashlib.sha256(read_file(path)).hexdigest(), batch_size)
         return cached(key, lambda: _load_keras(load_keras_file(path), batch_size=batch_size, name=nm, cache=False),
                       cache)
-    data = path.read_bytes()
+    data = read_file(path)
     if not data:
         raise GraphImportError(f"{path} is empty (not a TensorFlow graph)")
     key = ("file", hashlib.sha256(data).hexdigest(), fetches, batch_size)
