@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 # bump when the importer builds other OpGraphs (fields, grouping inputs) for the same input; placer's version is
 # in the key too, so a release never reads a cache another release wrote
-CACHE_FORMAT = 3   # 3: npz without pickles (names/metadata as JSON), feed limits in the runnable MetaGraphDef
+CACHE_FORMAT = 4   # 3: npz without pickles (names/metadata as JSON), feed limits in the runnable MetaGraphDef;
+#                   4: fetches checked as tensor names (an entry imported with 'loss:3' is no longer served)
 
 
 def cache_dir() -> Path:
