@@ -496,6 +496,17 @@ def test_functional_while_refused():
         load(f.get_concrete_function(), cache=False)
 
 
+def test_keras_lstm_not_unrolled_is_refused_naming_the_keras_model():
+    """A Keras model's loop error said "function 'name'" (its trace's words): it names the Keras model now."""
+    import keras
+
+    m = keras.Sequential([keras.Input((4, 3), batch_size=2), keras.layers.LSTM(5), keras.layers.Dense(1)],
+                         name="lstm_model")
+    m.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(GraphImportError, match="^Keras model 'lstm_model': the graph has a loop.*unroll"):
+        load(m, cache=False)
+
+
 def test_functional_if_is_one_op_with_body_cost():
     @tf.function(input_signature=[tf.TensorSpec([8, 8], tf.float32), tf.TensorSpec([], tf.bool)])
     def f(x, p):

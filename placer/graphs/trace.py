@@ -127,7 +127,8 @@ def convert_keras(model, *, batch_size: int | None, name: str) -> OpGraph:
     """A compiled Keras model's training step as an OpGraph (no cache)."""
     check_compiled(model)
     cf = keras_step_function(model, batch_size)
-    return convert_concrete(cf, fetches=None, batch_size=None, name=name)     # the trace fixed the batch
+    return convert_concrete(cf, fetches=None, batch_size=None, name=name,     # the trace fixed the batch
+                            what="Keras model")
 
 
 def function_name(cf) -> str:
@@ -157,8 +158,10 @@ def _variable_node(node, v, vname: str) -> tuple[float, float]:
     return lo, hi
 
 
-def convert_concrete(cf, *, fetches: list[str] | None, batch_size: int | None, name: str) -> OpGraph:
-    """ConcreteFunction -> self-contained GraphDef (variables as VarHandleOps) -> OpGraph (no cache)."""
+def convert_concrete(cf, *, fetches: list[str] | None, batch_size: int | None, name: str,
+                     what: str = "function") -> OpGraph:
+    """ConcreteFunction -> self-contained GraphDef (variables as VarHandleOps) -> OpGraph (no cache). `what` names
+    the source in errors ("function", "Keras model")."""
     import tensorflow as tf
     from tensorflow.python.framework import tensor_util
 
@@ -169,9 +172,9 @@ def convert_concrete(cf, *, fetches: list[str] | None, batch_size: int | None, n
         ctrl = [op.name for op in getattr(fg, "control_outputs", [])]
         fetches = list(dict.fromkeys(outs + ctrl))
         if not fetches:
-            raise GraphImportError(f"function {name!r} has no outputs and no stateful ops: nothing to import")
+            raise GraphImportError(f"{what} {name!r} has no outputs and no stateful ops: nothing to import")
     if len(gd.library.function):
-        gd = inline_functions(gd, fetches, where=f"function {name!r}")
+        gd = inline_functions(gd, fetches, where=f"{what} {name!r}")
     fetches = group_control_fetches(gd, fetches)
     variables = {}
     for v in getattr(fg, "variables", ()):
@@ -192,7 +195,7 @@ def convert_concrete(cf, *, fetches: list[str] | None, batch_size: int | None, n
             v = variables.get(id(external))
             if v is None:
                 raise GraphImportError(
-                    f"function {name!r} captures a resource that is not a variable ({pname!r}): only variables can be "
+                    f"{what} {name!r} captures a resource that is not a variable ({pname!r}): only variables can be "
                     "turned into graph ops")
             vname = unique_name(re.sub(r"[^A-Za-z0-9_./\-]", "_", v.name.split(":")[0]) or "variable", taken)
             taken.add(vname)
@@ -202,7 +205,7 @@ def convert_concrete(cf, *, fetches: list[str] | None, batch_size: int | None, n
             try:
                 value = external.numpy()
             except Exception:  # noqa: BLE001
-                raise GraphImportError(f"function {name!r} captures a symbolic tensor {pname!r} from another graph; "
+                raise GraphImportError(f"{what} {name!r} captures a symbolic tensor {pname!r} from another graph; "
                                        "only variables and constants can be captured") from None
             node.op = "Const"
             node.ClearField("input")
@@ -212,5 +215,5 @@ def convert_concrete(cf, *, fetches: list[str] | None, batch_size: int | None, n
     if rename:
         rename_inputs(gd, rename)
         fetches = [renamed_input(f, rename) for f in fetches]
-    return convert_graph_def(gd, fetches, batch_size=batch_size, name=name, where=f"function {name!r}",
+    return convert_graph_def(gd, fetches, batch_size=batch_size, name=name, where=f"{what} {name!r}",
                              var_values=var_values)
