@@ -58,6 +58,14 @@ def _problem(grouping, allowed, evaluator, baselines, cap=10**9):
                            simulator=evaluator)
 
 
+def _toy(G: int):
+    """A toy problem of G groups, every device allowed, its optimum all on GPU 1, started from GPU 0."""
+    gr = _grouping(G)
+    allowed = np.ones((G, 4), bool)
+    ev = ToyEvaluator(gr.expand(np.ones(G, int), CPU))
+    return gr, allowed, ev, _problem(gr, allowed, ev, {"single_gpu": gr.expand(np.zeros(G, int), CPU)})
+
+
 def test_anneal_keeps_groups_on_their_allowed_devices():
     """CPU-only groups stay on the CPU and a masked device is never used, although the toy's optimum puts
     every group exactly there (so an annealer that ignored the mask would move them)."""
@@ -262,11 +270,7 @@ def test_an_accept0_outside_zero_one_is_a_clear_error(accept0):
     assert initial_temperature(np.array([0.1, -0.2]), 0.3) > 0
     with pytest.raises(ValueError, match=f"got {accept0}"):
         initial_temperature(np.array([0.1, -0.2]), accept0)
-    G = 6
-    gr = _grouping(G)
-    allowed = np.ones((G, 4), bool)
-    ev = ToyEvaluator(gr.expand(np.ones(G, int), CPU))
-    prob = _problem(gr, allowed, ev, {"single_gpu": gr.expand(np.zeros(G, int), CPU)})
+    gr, allowed, ev, prob = _toy(6)
     with pytest.raises(PlacementError, match=f"AnnealConfig.accept0 .* got {accept0}"):
         anneal(prob, max_evaluations=50, config=AnnealConfig(accept0=accept0))
     for name in ("local_accept0", "zero_shot_refine_accept0"):
@@ -285,11 +289,7 @@ def test_a_screen_that_is_no_whole_number_of_at_least_one_is_a_clear_error(scree
     from placer.rl.reinforce import ReinforceConfig
     from placer.rl.search import Search
 
-    G = 6
-    gr = _grouping(G)
-    allowed = np.ones((G, 4), bool)
-    ev = ToyEvaluator(gr.expand(np.ones(G, int), CPU))
-    prob = _problem(gr, allowed, ev, {"single_gpu": gr.expand(np.zeros(G, int), CPU)})
+    gr, allowed, ev, prob = _toy(6)
     with pytest.raises(PlacementError, match=rf"AnnealConfig.screen .* got {screen!r}"):
         anneal(prob, max_evaluations=50, config=AnnealConfig(screen=screen), screen_by=ev)
     with pytest.raises(SearchError, match=rf"ReinforceConfig.local_screen .* got {screen!r}"):
