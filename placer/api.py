@@ -61,7 +61,7 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
     if isinstance(graph, OpGraph) and (fetches or batch_size is not None):
         raise PlacerError("fetches= and batch_size= apply when place() imports the graph, not to an OpGraph "
                           "(already imported: pass them to placer.graphs.load)")
-    from placer.runtime import no_auth_without_workers
+    from placer.runtime import no_auth_without_workers, workers_problem_target
 
     no_auth_without_workers(workers, token_file=token_file, tls_ca=tls_ca)
     if out_dir is not None:
@@ -76,12 +76,8 @@ def place(graph, *, cluster=None, devices=None, reward: str = "sim", budget_seco
 
         og = load(graph, fetches=fetches, batch_size=batch_size)
     measured_on = devices          # what the evaluator measures on (a tasks file, local or the workers' devices)
-    if workers and devices is not None:
-        # the devices are the workers': their cluster is what they report (a client without GPUs places over the
-        # workers' GPUs), as `placer search --workers --devices`
-        from placer.runtime import measured_cluster
-
-        cluster, devices = measured_cluster(og, devices, workers=workers, token_file=token_file, tls_ca=tls_ca), None
+    cluster, devices = workers_problem_target(og, cluster, devices, workers=workers, token_file=token_file,
+                                              tls_ca=tls_ca)
     problem = build_problem(og, cluster, devices=devices, costs=costs, max_groups=max_groups, seed=seed,
                             allow_cpu=allow_cpu)
     evaluator = None

@@ -126,7 +126,15 @@ class Placement:
         if not isinstance(fp, str):
             raise PlacementError(f"{path}: \"graph_fingerprint\" must be a string, got {fp!r}")
         mapping = {str(k): v for k, v in d["placement"].items()}
-        return Placement(mapping, list(devices or sorted(set(mapping.values()))), fp)
+        # "devices" is informational (to_indices checks the map against the devices it is given): a device the
+        # map names and the list lacks (a hand edit that moved an op) joins the list, so counts see every device
+        listed = list(devices or [])
+        seen = {_canon(x) for x in listed}
+        for v in sorted(set(mapping.values())):
+            if _canon(v) not in seen:
+                seen.add(_canon(v))
+                listed.append(v)
+        return Placement(mapping, listed, fp)
 
     # ---- TensorFlow -------------------------------------------------------------------
     def apply(self, graph):

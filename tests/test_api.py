@@ -37,6 +37,21 @@ def test_placement_roundtrip_and_contract_keys(tmp_path):
     assert (resolve_placement(str(tmp_path / "placement.json"), g, c) == idx).all()
 
 
+def test_a_hand_edited_map_device_joins_the_informational_devices_list(tmp_path):
+    """A file whose map names a device its "devices" list lacks (an op moved by hand) loaded with the list as
+    written: device_counts() then missed the device the op was on."""
+    g, c = small_graph(), small_cluster()
+    p = Placement.from_indices(g, c.device_names, np.zeros(g.num_ops, dtype=int))
+    d = p.to_json()
+    d["devices"] = [c.device_names[0]]
+    d["placement"]["x"] = "/gpu:1"                  # another spelling of a device not listed
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    back = Placement.load(tmp_path / "p.json")
+    assert back.devices == [c.device_names[0], "/gpu:1"]
+    assert back.device_counts() == {c.device_names[0]: g.num_ops - 1, "/gpu:1": 1}
+    assert back.to_indices(g, c.device_names)[g.index("x")] == c.device_names.index("/GPU:1")
+
+
 def test_placement_save_to_an_unwritable_path_is_one_line_naming_it(tmp_path):
     """save() raised the OS's error naming `PATH.tmp`, and a directory at PATH left PATH.tmp behind."""
     g, c = small_graph(), small_cluster()

@@ -473,6 +473,15 @@ def test_one_fetch_name_as_a_string_and_a_bool_batch_size():
         load(tf1_graph(), batch_size=True, cache=False)
 
 
+def test_a_batch_size_beyond_int32_is_one_line_before_import():
+    """--batch-size 100000000000 got TensorFlow's "out of int32 range" wording from deep in the import."""
+    from placer.graphs.models import build_model
+    with pytest.raises(GraphImportError, match=r"^batch size 100000000000 is too large: at most 2147483647"):
+        load(tf1_graph(), batch_size=10**11, cache=False)
+    with pytest.raises(GraphImportError, match=r"^batch size 100000000000 is too large"):
+        build_model("nmt", size="tiny", batch_size=10**11)
+
+
 def test_tf1_while_loop_refused():
     g = tf.Graph()
     with g.as_default():

@@ -146,13 +146,10 @@ def run_search(args) -> int:
     from placer.problem import build_problem
     from placer.search import search
 
-    if args.workers and devices and not cluster:
-        # the devices are the workers': their cluster comes from what the workers report, never from this
-        # machine's TensorFlow (a client without GPUs searches over the workers' GPUs)
-        from placer.runtime import measured_cluster
+    from placer.runtime import workers_problem_target
 
-        cluster = measured_cluster(graph, devices, workers=args.workers, token_file=args.token_file, tls_ca=tls_ca)
-        devices = None
+    cluster, devices = workers_problem_target(graph, cluster, devices, workers=args.workers,
+                                              token_file=args.token_file, tls_ca=tls_ca)
     problem = build_problem(graph, cluster, devices=devices, costs=getattr(args, "costs", None),
                             max_groups=args.groups, seed=int(args.seed or 0),
                             split_groups=getattr(args, "split_groups", None) or None)

@@ -87,15 +87,13 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
 from placer.errors import GraphImportError
 from placer.graphs.cache import cache_dir, cached
 from placer.graphs.cleanup import convert_graph_def, inline_functions
 from placer.graphs.files import (hash_files, meta_graph_fetches, parse_graph_file, read_file, read_saved_model,
                                  saved_model_graph)
 from placer.graphs.opgraph import OpGraph
-from placer.graphs.runnable import RuntimeSpec, runtime_spec, synthetic_feeds
+from placer.graphs.runnable import RuntimeSpec, check_batch_size, runtime_spec, synthetic_feeds
 from placer.graphs.trace import (check_compiled, convert_concrete, convert_keras, function_name, keras_key,
                                  load_keras_file)
 
@@ -116,9 +114,7 @@ def load(
     >>> g.num_ops, g.fetches                    # doctest: +SKIP
     (11042, ('train_op',))
     """
-    if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool)
-                                   or batch_size <= 0):
-        raise GraphImportError(f"batch size must be a positive integer, got {batch_size!r}")
+    check_batch_size(batch_size)
     if isinstance(fetches, str):    # one name, not its characters
         fetches = [fetches]
     fetches = list(fetches) if fetches else None

@@ -33,6 +33,17 @@ INIT_COLLECTION = "placer_init_op"
 FEEDS_COLLECTION = "placer_feeds"
 FEED_LIMITS_COLLECTION = "placer_feed_limits"
 FEED_SEED = 0
+MAX_BATCH_SIZE = 2**31 - 1      # TensorFlow's shape arithmetic (Fill, Reshape of a batch) is int32 in most graphs
+
+
+def check_batch_size(batch_size) -> None:
+    """Refuse a batch size that is not a positive integer TensorFlow can hold (one line, before any import)."""
+    if batch_size is None:
+        return
+    if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size <= 0:
+        raise GraphImportError(f"batch size must be a positive integer, got {batch_size!r}")
+    if batch_size > MAX_BATCH_SIZE:
+        raise GraphImportError(f"batch size {batch_size} is too large: at most {MAX_BATCH_SIZE} (int32)")
 
 
 @dataclass(frozen=True)

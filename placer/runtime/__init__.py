@@ -80,7 +80,18 @@ def make_evaluator(graph, devices, *, workers=None, token_file: str | None = Non
     return ev
 
 
-__all__ = ["make_evaluator", "measured_cluster", "no_auth_without_workers", "read_token"]
+__all__ = ["make_evaluator", "measured_cluster", "no_auth_without_workers", "read_token", "workers_problem_target"]
+
+
+def workers_problem_target(graph, cluster, devices, *, workers=None, token_file: str | None = None,
+                           tls_ca: str | None = None):
+    """`(cluster, devices)` for `build_problem`: when the devices are the workers' (`workers` and `devices`
+    given, no `cluster`), the cluster the workers report and no local devices (a client without GPUs places over
+    the workers' GPUs: never this machine's TensorFlow); else `(cluster, devices)` as given. `placer.place` and
+    `placer search` both."""
+    if workers and devices and not cluster:
+        return measured_cluster(graph, devices, workers=workers, token_file=token_file, tls_ca=tls_ca), None
+    return cluster, devices
 
 
 def measured_cluster(graph, devices, *, workers=None, token_file: str | None = None, token: str | None = None,

@@ -61,6 +61,7 @@ from typing import Callable
 from placer.errors import GraphImportError
 from placer.graphs.cache import cached
 from placer.graphs.opgraph import OpGraph
+from placer.graphs.runnable import check_batch_size
 
 MODELS_VERSION = 8  # bump when a builder changes (invalidates cached builds)
 MODELS: tuple[str, ...] = ("inception_v3", "nmt", "nmt4", "rnnlm", "clip", "gpt")
@@ -109,8 +110,7 @@ def build_model(name: str, size: str = "full", batch_size: int | None = None, *,
         raise GraphImportError(f"unknown model {name!r}; valid models: {', '.join(MODELS)}")
     if size not in SIZES:
         raise GraphImportError(f"unknown size {size!r} for model {name!r}; valid sizes: {', '.join(SIZES)}")
-    if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
-        raise GraphImportError(f"batch size must be a positive integer, got {batch_size!r}")
+    check_batch_size(batch_size)
     if precision not in PRECISIONS:
         raise GraphImportError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     if precision != "fp32" and name not in KERAS_MODELS:
