@@ -292,9 +292,10 @@ def test_a_screen_that_is_no_whole_number_of_at_least_one_is_a_clear_error(scree
     gr, allowed, ev, prob = _toy(6)
     with pytest.raises(PlacementError, match=rf"AnnealConfig.screen .* got {screen!r}"):
         anneal(prob, max_evaluations=50, config=AnnealConfig(screen=screen), screen_by=ev)
-    with pytest.raises(SearchError, match=rf"ReinforceConfig.local_screen .* got {screen!r}"):
-        Search(gr, ev, cpu_index=CPU, allowed=allowed, config=ReinforceConfig(local_screen=screen),
-               progress=False, tensorboard=False)
+    for name in ("local_screen", "sample_screen"):
+        with pytest.raises(SearchError, match=rf"ReinforceConfig.{name} .* got {screen!r}"):
+            Search(gr, ev, cpu_index=CPU, allowed=allowed, config=ReinforceConfig(**{name: screen}),
+                   progress=False, tensorboard=False)
     assert ev.batches == []
 
 
@@ -612,3 +613,33 @@ def test_moves_screened_by_a_cheaper_model_evaluate_only_its_best_and_count_as_b
     sim, measured = object(), object()
     assert _screen(SimpleNamespace(simulator=sim), sim) is None
     assert _screen(SimpleNamespace(simulator=sim), measured) is sim
+
+
+def test_the_policy_samples_screened_by_a_cheaper_model_evaluate_only_its_best():
+    """`ReinforceConfig.sample_screen` 4 with a screen: each update draws 4x its samples, the screen scores the new
+    ones and only the `num_samples` it scores fastest are evaluated (repeats looked up); the search learns on
+    those rows; without a screen, or with 1, the evaluator sees every new sample as before."""
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Search
+
+    G = 16
+    gr = _grouping(G)
+    allowed = np.ones((G, 4), bool)
+    allowed[:, CPU] = False
+    opt = np.random.default_rng(3).integers(0, 3, G)
+    for factor, screened in ((4, True), (4, False), (1, True)):
+        log: list = []
+        ev = ToyEvaluator(gr.expand(opt, CPU))
+        scr = Logged(ToyEvaluator(gr.expand(opt, CPU)), log, "screen") if screened else None
+        s = Search(gr, Logged(ev, log, "eval"), cpu_index=CPU, allowed=allowed,
+                   baselines={"single_gpu": np.zeros(2 * G, int)}, screen=scr, progress=False, tensorboard=False,
+                   config=ReinforceConfig(seed=0, hidden_size=32, attn_size=16, num_samples=8, local_moves=0,
+                                          reuse_evaluations=True, sample_screen=factor))
+        res = s.run(60, max_updates=4, max_evaluations=200)
+        assert res.evaluations == len(ev.seen) <= 200 and s.updates == 4
+        n = _check_screened(log, 8)
+        scored = [len(b) for t, b in log if t == "screen"]
+        if factor > 1 and screened:
+            assert n == 4 and min(scored) > 8           # each update: more new samples scored than evaluated
+        else:
+            assert n == 0 and scored == []

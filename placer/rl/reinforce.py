@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from placer.grouped import charged_step_times
+from placer.grouped import charged_step_times, screened
 from placer.rl.policy import POLICY_DEVICE, PlacementPolicy
 
 
@@ -109,6 +109,10 @@ class ReinforceConfig:
     # moves, score them all with the Search's `screen` evaluator (the problem's simulator), and evaluate the batch
     # best by that score (AnnealConfig.screen). No effect without a screen. 1: off
     local_screen: int = 1
+    # ...and the policy's samples screened the same way: draw this many x `num_samples` new placements, score the
+    # new ones with the `screen`, evaluate the `num_samples` best by that score (and look up the repeats) and learn
+    # on those rows. No effect without a screen. 1: off
+    sample_screen: int = 1
     local_cluster_prob: float | None = None  # AnnealConfig.cluster_prob: share of cluster moves (a METIS part of the
     #                                  groups, at 2, 4, 8... parts, to one device; placer.grouped.cluster_levels);
     #                                  None: by the device count (placer.grouped.auto_cluster_prob), as merges
@@ -555,6 +559,28 @@ def _draw(agent: "Reinforce", cache: EvaluationCache, k: int, max_draws: int) ->
     return np.concatenate(acts), np.concatenate(noises)
 
 
+def screen_rows(actions: np.ndarray, k: int, screen, expand, cache: EvaluationCache | None = None) -> np.ndarray:
+    """The rows of the group placements `actions` to evaluate when a cheap Evaluator `screen` chooses: the `k` new
+    placements (not in `cache`, first copies) it scores fastest (`placer.grouped.screened`: failures last, ties in
+    draw order), with their copies, and every row `cache` already holds (a lookup costs nothing). Row order kept.
+
+    >>> class Sim:
+    ...     def evaluate(self, ps): return [type("O", (), {"ok": True, "step_time": float(p.sum())})() for p in ps]
+    >>> screen_rows(np.array([[3], [1], [2], [1]]), 1, Sim(), lambda a: a).tolist()
+    [1, 3]
+    """
+    key = EvaluationCache.key
+    first: dict[bytes, int] = {}
+    for i, a in enumerate(actions):
+        kb = key(a)
+        if kb not in first and (cache is None or cache.lookup(kb) is None):
+            first[kb] = i
+    if len(first) <= k:
+        return np.arange(len(actions))
+    chosen = {key(a) for a in screened([actions[i] for i in first.values()], k, screen, expand)}
+    return np.array([i for i, a in enumerate(actions) if key(a) not in first or key(a) in chosen], dtype=np.int64)
+
+
 @dataclass
 class GroupOutcomes:
     """What `evaluate_groups` found for N group placements: a row looked up in the cache or copied from an
@@ -608,16 +634,23 @@ def evaluate_groups(groups: Sequence[np.ndarray], expand, evaluator, failure_ste
 
 def reinforce_update(agent: Reinforce, grouping, evaluator, cpu_index: int | None,
                      failure_step_time: float, capacity: np.ndarray | None = None,
-                     cache: EvaluationCache | None = None) -> UpdateResult:
+                     cache: EvaluationCache | None = None, screen=None) -> UpdateResult:
     """Sample K placements → expand to ops → evaluate in one batch → rewards → one policy-gradient step.
     With a `cache`: keep sampling until K placements not evaluated before are drawn (`_draw`), evaluate only
-    those, look the others up, and learn on every row drawn (REINFORCE on the policy's own samples)."""
+    those, look the others up, and learn on every row drawn (REINFORCE on the policy's own samples).
+    With a `screen` (an Evaluator, cheaper than `evaluator`: the simulator of a measured search) and
+    `config.sample_screen` S > 1: draw S x K new placements, keep the K new ones the screen scores fastest and the
+    repeats (`screen_rows`), and evaluate and learn on those rows only."""
     t0 = time.perf_counter()
     k = agent.config.num_samples
+    factor = max(1, int(agent.config.sample_screen)) if screen is not None else 1
     if cache is None:
-        actions, noise = agent.sample()                                          # 1. sample
+        actions, noise = agent.sample(k * factor)                                # 1. sample
     else:
-        actions, noise = _draw(agent, cache, k, agent.config.max_draws)
+        actions, noise = _draw(agent, cache, k * factor, agent.config.max_draws)
+    if factor > 1:
+        keep = screen_rows(actions, k, screen, lambda a: grouping.expand(a, cpu_index), cache)
+        actions, noise = actions[keep], noise[keep]
     t1 = time.perf_counter()
     placements = [grouping.expand(a, cpu_index) for a in actions]                # 2. expand
     r = evaluate_groups(actions, placements.__getitem__, evaluator, failure_step_time, capacity, cache)  # 3.

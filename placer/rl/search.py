@@ -203,8 +203,9 @@ class Search:
         for name in ("local_accept0", "zero_shot_refine_accept0"):     # before any work, not at the first move
             if (msg := accept0_error(getattr(self.config, name), f"ReinforceConfig.{name}")) is not None:
                 raise SearchError(msg)
-        if (msg := screen_error(self.config.local_screen, "ReinforceConfig.local_screen")) is not None:
-            raise SearchError(msg)
+        for name in ("local_screen", "sample_screen"):
+            if (msg := screen_error(getattr(self.config, name), f"ReinforceConfig.{name}")) is not None:
+                raise SearchError(msg)
         if (msg := move_shares_error(self.config.local_merge_prob, self.config.local_attract_prob,
                                      "ReinforceConfig.local_", self.config.local_policy_prob,
                                      "policy_prob", self.config.local_cluster_prob)) is not None:
@@ -1254,7 +1255,8 @@ class Search:
                     break
                 fail_t = self.failure_step_time
                 upd = reinforce_update(self.agent, self.grouping, self.evaluator, self.cpu_index,
-                                       fail_t if fail_t is not None else 100.0, self.device_capacity, self.cache)
+                                       fail_t if fail_t is not None else 100.0, self.device_capacity, self.cache,
+                                       screen=self.screen)
                 if self.failure_step_time is None:   # no baselines: reference = worst working sample
                     ok = ~upd.failed & np.isfinite(upd.step_times)
                     if ok.any():
