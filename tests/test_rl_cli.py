@@ -151,6 +151,17 @@ def test_resume_keeps_the_model_settings_and_refuses_conflicting_flags(tmp_path,
     assert main(["search", "--resume", str(out)]) == 2
     err = capsys.readouterr().err
     assert "args.json is not the args.json of a search" in err and "Traceback" not in err
+    # a stored value the flag never takes (a damaged or hand-edited file) was a traceback (float("abc")) or worse
+    good = json.loads(json.dumps(vars(back)))
+    for key, bad in (("budget", "abc"), ("seed", 1.5), ("size", "huge"), ("groups", 0), ("no_progress", "yes"),
+                     ("cluster", 4), ("fetch", "x")):
+        (out / "args.json").write_text(json.dumps({**good, key: bad}))
+        assert main(["search", "--resume", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f'args.json: "{key}": {json.dumps(bad)} is no value of' in err, err
+    (out / "args.json").unlink()      # a library run's directory (place(out_dir=...)): a checkpoint, no args.json
+    assert main(["search", "--resume", str(out)]) == 2
+    assert "holds a checkpoint but no args.json" in capsys.readouterr().err
 
 
 def test_resume_of_a_search_stopped_before_its_first_checkpoint_starts_it_over(tmp_path, capsys):
