@@ -549,12 +549,16 @@ def load_run_problem(run_dir: Path):
             a = {k: z[k] for k in z.files if k != "header"}
     except (PlacerError, OSError, ValueError, KeyError) as e:
         raise SearchError(f"cannot read the run in {run_dir}: {e}") from None
-    if h.get("fingerprint") != graph.fingerprint:
-        raise SearchError(f"{run_dir / RUN_PROBLEM} is for graph {h.get('fingerprint')}, not {graph.fingerprint}")
-    grouping = Grouping(op_group=a["op_group"], num_groups=int(h["num_groups"]), features=a["features"],
-                        cpu_only=a["cpu_only"], adjacency=a["adjacency"], op_cpu_only=a["op_cpu_only"],
-                        group_cost=a["group_cost"], feature_names=tuple(h.get("feature_names", ())))
-    return graph, cluster, a["cost"], grouping, h
+    if not isinstance(h, dict) or h.get("fingerprint") != graph.fingerprint:
+        raise SearchError(f"{run_dir / RUN_PROBLEM} is for graph {h.get('fingerprint') if isinstance(h, dict) else '?'}"
+                          f", not {graph.fingerprint}")
+    try:
+        grouping = Grouping(op_group=a["op_group"], num_groups=int(h["num_groups"]), features=a["features"],
+                            cpu_only=a["cpu_only"], adjacency=a["adjacency"], op_cpu_only=a["op_cpu_only"],
+                            group_cost=a["group_cost"], feature_names=tuple(h.get("feature_names", ())))
+        return graph, cluster, a["cost"], grouping, h
+    except (KeyError, TypeError, ValueError) as e:      # an array or a header key missing
+        raise SearchError(f"{run_dir / RUN_PROBLEM} is incomplete or corrupt ({type(e).__name__}: {e})") from None
 
 
 def moved_off(problem: PlacementProblem, old: np.ndarray, keep: list[int]) -> np.ndarray:

@@ -403,6 +403,15 @@ class Search:
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
             raise SearchError(f"checkpoint {path} has format {state.get('format') if isinstance(state, dict) else '?'}"
                               f", expected {CHECKPOINT_FORMAT}")
+        try:
+            self._restore(path, state, arrays)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:   # a key missing, a wrong type
+            raise SearchError(f"checkpoint {path} is incomplete or corrupt ({type(e).__name__}: {e}): it cannot be "
+                              f"resumed") from None
+        return True
+
+    def _restore(self, path: Path, state: dict, arrays: dict) -> None:
+        """`load_checkpoint`'s restoring of a read checkpoint (`state`: state.json, `arrays`: its npz)."""
         if state["fingerprint"] != self.fingerprint:
             raise SearchError(f"checkpoint {path} was made for another grouping of the graph "
                               f"(fingerprint {state['fingerprint'][:12]} != {self.fingerprint[:12]})")
@@ -483,7 +492,6 @@ class Search:
             EvaluationCache.from_arrays(arr(c["groups"]), arr(c["values"])) if c else EvaluationCache()
         self.wall_before = float(state["wall_s"])
         self._t_start = time.perf_counter()
-        return True
 
     def restore_policy(self, checkpoint_dir: str | os.PathLike, device_map: Sequence[int]) -> str | None:
         """Re-placement: start from the policy of another search's checkpoint (same grouping) whose devices were
