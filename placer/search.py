@@ -315,7 +315,7 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     (`remeasure`; default `make_evaluator`'s)."""
     from dataclasses import replace as dc_replace
 
-    from placer.rl.search import Search
+    from placer.rl.search import Interrupted, Search
 
     if reward not in ("sim", "measure"):
         raise SearchError(f"unknown reward {reward!r}: use sim or measure")
@@ -343,11 +343,23 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     if resume and (out is None or not s.load_checkpoint()):
         raise SearchError(f"no checkpoint to resume in {out / 'checkpoint' if out else '(no directory)'}")
     watch = _watched(evaluator, reward, s)
-    res = s.run(budget_seconds, max_updates=max_updates, patience=patience, max_evaluations=max_evaluations)
-    result = _result(problem, res, t0, out, config=s.config.to_dict(), failure_step_time_s=res.failure_step_time,
-                     **({"zero_shot": dict(res.zero_shot)} if res.zero_shot else {}),
-                     **({"local_moves": dict(res.local)} if res.local else {}),
-                     **({"policy": getattr(weights, "info", {}).get("path", str(policy))} if weights is not None else {}))
+
+    def as_result(res) -> SearchResult:
+        return _result(problem, res, t0, out, config=s.config.to_dict(), failure_step_time_s=res.failure_step_time,
+                       **({"zero_shot": dict(res.zero_shot)} if res.zero_shot else {}),
+                       **({"local_moves": dict(res.local)} if res.local else {}),
+                       **({"policy": getattr(weights, "info", {}).get("path", str(policy))}
+                          if weights is not None else {}))
+    try:
+        res = s.run(budget_seconds, max_updates=max_updates, patience=patience, max_evaluations=max_evaluations)
+    except Interrupted as e:
+        if out is not None and e.result is not None:
+            # the best so far, usable now (placement.json, summary.json: stop_reason "interrupted"), beside the
+            # checkpoint --resume continues from: a library run (no args.json) had nothing it could use
+            write_outputs(out, problem, e.result, as_result(e.result), reward=reward, seed=seed,
+                          model_name=model_name or problem.graph.name)
+        raise
+    result = as_result(res)
     if watch is not None and res.stop_reason == "devices_lost":
         return _drop_and_replace(problem, evaluator, watch, res, result, t0, out, budget_seconds, seed,
                                  model_name or problem.graph.name, progress, config, max_updates=max_updates,

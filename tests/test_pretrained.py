@@ -655,6 +655,45 @@ def test_pretrain_goes_on_from_a_policy(tmp_path):
                  "--init", str(tmp_path / "nope"), "--no-progress"]) == 2
 
 
+def test_an_interrupted_pretrain_saves_the_policy_trained_so_far(tmp_path, capsys, monkeypatch):
+    """Ctrl-C (or SIGTERM) during `placer pretrain` lost every minute trained: nothing was written. Now the
+    current step ends, the policy so far is saved ("stop_reason": "interrupted" in policy.json) and the command
+    names it and how to train on from it, exiting 130."""
+    import signal
+
+    import placer.pretrain as pt
+    import placer.rl.reinforce as rf
+    from placer.cli import main
+    from placer.pretrain import CorpusItem
+    from placer.rl.portable import PortableWeights
+    from placer.rl.search import Interrupted
+
+    real = rf.reinforce_update
+
+    def ctrl_c_in_first_update(*a, **k):
+        signal.raise_signal(signal.SIGINT)
+        return real(*a, **k)
+
+    monkeypatch.setattr(rf, "reinforce_update", ctrl_c_in_first_update)
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)     # a terminal's (pytest-xdist ignores it)
+    try:
+        with pytest.raises(Interrupted):
+            pt.pretrain(tmp_path / "p", budget_seconds=600, corpus=[CorpusItem("rnnlm", "2xK80", "tiny")],
+                        hidden_size=16, attn_size=8, imitation_share=0.0)
+    finally:
+        signal.signal(signal.SIGINT, saved)
+    w = PortableWeights.load(tmp_path / "p")
+    assert w.info["stop_reason"] == "interrupted" and w.info["updates"] == 1 and w.info["train_wall_s"] < 600
+
+    def stopped(out, **kw):      # the command's message, on the policy just saved
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(pt, "pretrain", stopped)
+    assert main(["pretrain", "--out", str(tmp_path / "p"), "--force", "--no-progress"]) == 130
+    err = capsys.readouterr().err
+    assert f"policy trained so far is in {tmp_path / 'p'} (train on from it with --init" in err, err
+
+
 def test_pretrain_never_overwrites_a_policy_without_force(capsys, tmp_path, monkeypatch):
     """`placer pretrain --out DIR` silently replaced the policy DIR held (hours of training): refused now, one line
     naming the file, before any work (the library too); --force overwrites it."""

@@ -1316,7 +1316,8 @@ class Search:
             bar.close()
         if stop == "interrupted":     # the work so far is kept: `placer search --resume DIR` continues from it
             self.save_checkpoint()
-            raise Interrupted(self._interrupt.signum)
+            raise Interrupted(self._interrupt.signum,
+                              self._result("interrupted") if self.best_placement is not None else None)
         return self._finish(stop)
 
     def _finish(self, stop: str) -> LoopResult:
@@ -1335,11 +1336,14 @@ class Search:
 
 class Interrupted(KeyboardInterrupt):
     """A search stopped by a signal (SIGINT, SIGTERM): `signum` says which, so that a command exits with 128 + it
-    (130 for Ctrl-C, 143 for SIGTERM), as a process the signal had killed would."""
+    (130 for Ctrl-C, 143 for SIGTERM), as a process the signal had killed would. `result`: the search's best so
+    far (a LoopResult, stop_reason "interrupted") when it stopped between two steps with a placement that fits,
+    else None (a second signal stops at once)."""
 
-    def __init__(self, signum: int = signal.SIGINT):
+    def __init__(self, signum: int = signal.SIGINT, result: "LoopResult | None" = None):
         super().__init__(signum)
         self.signum = int(signum)
+        self.result = result
 
 
 class _DeferredInterrupt:
