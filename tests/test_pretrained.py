@@ -289,11 +289,19 @@ def test_a_missing_policy_path_is_named_as_given(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SearchError, match=r"^empty is not a policy directory"):
         load_policy("empty")
+    import placer.cli as cli
+
+    real = cli.load_from_args
+    # a bad --policy is refused before the graph is read (placer search read it and built every baseline first,
+    # and left an args.json in --out)
+    monkeypatch.setattr(cli, "load_from_args", lambda args: pytest.fail("the graph was read"))
     for cmd in ("place", "search"):
         rc = main([cmd, "--policy", "nonexistent-policy", "--model", "nmt", "--size", "tiny", "--cluster", "2xK80",
                    "--budget", "5", "--out", str(tmp_path / cmd)])
         err = capsys.readouterr().err.strip()
         assert rc == 2 and len(err.splitlines()) == 1 and "nonexistent-policy does not exist" in err, (cmd, err)
+        assert not (tmp_path / cmd).exists()
+    monkeypatch.setattr(cli, "load_from_args", real)
 
 def test_shipped_policy_places_a_family_it_never_saw(inception_tiny):
     """inception_v3 is held out of the pretraining corpus; the shipped policy places it on 2 to 8 GPUs, every

@@ -158,6 +158,11 @@ def run_search(args) -> int:
     if merge is not None and clus is not None and merge + clus > top:
         raise SearchError(f"--merge-share + --cluster-share must be at most {top:g} (the chain's moves left after "
                           f"its attraction moves), got {merge:g} + {clus:g}")
+    weights = None
+    if getattr(args, "policy", None):
+        from placer.search import load_policy
+
+        weights = load_policy(args.policy)     # a bad --policy fails now, not after the graph and the baselines
     out = out_dir(args.out)
     restart = False     # --resume of a search that stopped before its first checkpoint
     if resume:
@@ -213,7 +218,7 @@ def run_search(args) -> int:
         search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0), config=config,
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,
                resume=resume, remeasure=getattr(args, "remeasure", True) is not False,
-               model_name=args.model or graph.name, policy=getattr(args, "policy", None) or None,
+               model_name=args.model or graph.name, policy=weights,
                max_evaluations=getattr(args, "max_evaluations", None), measure_settings=measure_kw)
     finally:
         if evaluator is not None:
