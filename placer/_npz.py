@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,10 @@ def load_npz(path: "str | os.PathLike"):
     p = Path(path)
     with open(p, "rb") as f:
         head = f.read(2)
+    what = f"{p.name} is not an npz archive (empty, truncated, corrupt or another kind of file)"
     if head != b"PK":
-        raise ValueError(f"{p.name} is not an npz archive (empty, truncated, corrupt or another kind of file)")
-    return np.load(p, allow_pickle=False)
+        raise ValueError(what)
+    try:
+        return np.load(p, allow_pickle=False)
+    except zipfile.BadZipFile:      # a zip cut short (a kill while copying it): numpy lets zipfile's error out
+        raise ValueError(what) from None

@@ -223,7 +223,8 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
 
     from placer.rl.policy import POLICY_DEVICE
     from placer.rl.portable import PortableWeights
-    from placer.rl.reinforce import ReinforceConfig, reinforce_update
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.rl.search import Interrupted, _DeferredInterrupt
 
     if not budget_seconds > 0:
         raise SearchError(f"pretrain budget must be positive, got {budget_seconds} s")
@@ -283,9 +284,47 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
     build_wall = time.perf_counter() - t0
     teacher_wall = _teach(tasks, teacher_seconds, seed, progress) if teacher_seconds > 0 else 0.0
     t0 = time.perf_counter()
+    # Ctrl-C or SIGTERM while training ends it after the current step and saves the policy trained so far (it was
+    # all lost), marked "stop_reason": "interrupted" in policy.json; `--init DIR` trains on from it
+    interrupt = _DeferredInterrupt().__enter__()
+    try:
+        rounds, imitation_rounds = _train(tasks, config, budget_seconds, imitation_share, progress, t0, interrupt)
+    finally:
+        interrupt.__exit__()
+    train_wall = time.perf_counter() - t0
+    per = {}
+    for t in tasks:
+        per[t.item.name] = {"ops": int(t.problem.graph.num_ops), "groups": int(t.problem.grouping.num_groups),
+                            "best_baseline_s": t.best_baseline_s,
+                            **({"teacher_s": t.teacher_s} if teacher_seconds > 0 else {}),
+                            "best_sample_s": None if not np.isfinite(t.best_sample_s) else t.best_sample_s,
+                            "greedy_over_best_baseline": _greedy_ratio(t), "updates": t.updates}
+        t.problem.close()
+    info = {"corpus": corpus_name, "problems": [t.item.name for t in tasks], "skipped": skipped,
+            "held_out_families": list(HELD_OUT), "budget_s": float(budget_seconds), "train_wall_s": train_wall,
+            "build_wall_s": build_wall, **({"teacher_seconds": float(teacher_seconds),
+                                            "teacher_wall_s": teacher_wall} if teacher_seconds > 0 else {}),
+            "imitation_rounds": imitation_rounds, "rounds": rounds,
+            "updates": int(sum(t.updates for t in tasks)), "config": asdict(config), "per_problem": per,
+            "imitation_share": float(imitation_share), **({"init": init_info} if init_info else {}),
+            **({"split_groups": split_groups} if split_groups else {}),
+            **({"stop_reason": "interrupted"} if interrupt.pending else {}),
+            "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{platform.machine()}, Python {platform.python_version()}"}
+    weights.save(out_dir, info=info)
+    if interrupt.pending:
+        raise Interrupted(interrupt.signum)
+    return info
+
+
+def _train(tasks: list[_Task], config, budget_seconds: float, imitation_share: float, progress: bool, t0: float,
+           interrupt) -> tuple[int, int]:
+    """`pretrain`'s training from `t0` for `budget_seconds`, until `interrupt.pending`: (rounds, imitation rounds)."""
+    from placer.rl.reinforce import reinforce_update
+
     rounds = imitation_rounds = 0
     # phase 1: imitate each problem's target (its best grouped baseline, or the teacher's placement), problems in turn
-    while time.perf_counter() - t0 < imitation_share * budget_seconds:
+    while time.perf_counter() - t0 < imitation_share * budget_seconds and not interrupt.pending:
         probs = [t.agent.imitate(t.target, max_steps=3, target_prob=0.95)["imitation_prob"]
                  for t in tasks if t.target is not None]
         imitation_rounds += 1
@@ -295,11 +334,11 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
             break
     # phase 2: REINFORCE with elite steps, problems in turn
     last = time.perf_counter()
-    while time.perf_counter() - t0 < budget_seconds:
+    while time.perf_counter() - t0 < budget_seconds and not interrupt.pending:
         rounds += 1
         ratios = []
         for t in tasks:
-            if time.perf_counter() - t0 >= budget_seconds:
+            if time.perf_counter() - t0 >= budget_seconds or interrupt.pending:
                 break
             p = t.problem
             upd = reinforce_update(t.agent, p.grouping, p.simulator, p.cluster.cpu_index, t.fail_s, t.capacity)
@@ -318,27 +357,7 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
             last = time.perf_counter()
             print(f"pretrain: round {rounds}: best sample / best baseline, median {np.median(ratios):.3f}, "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
-    train_wall = time.perf_counter() - t0
-    per = {}
-    for t in tasks:
-        per[t.item.name] = {"ops": int(t.problem.graph.num_ops), "groups": int(t.problem.grouping.num_groups),
-                            "best_baseline_s": t.best_baseline_s,
-                            **({"teacher_s": t.teacher_s} if teacher_seconds > 0 else {}),
-                            "best_sample_s": None if not np.isfinite(t.best_sample_s) else t.best_sample_s,
-                            "greedy_over_best_baseline": _greedy_ratio(t), "updates": t.updates}
-        t.problem.close()
-    info = {"corpus": corpus_name, "problems": [t.item.name for t in tasks], "skipped": skipped,
-            "held_out_families": list(HELD_OUT), "budget_s": float(budget_seconds), "train_wall_s": train_wall,
-            "build_wall_s": build_wall, **({"teacher_seconds": float(teacher_seconds),
-                                            "teacher_wall_s": teacher_wall} if teacher_seconds > 0 else {}),
-            "imitation_rounds": imitation_rounds, "rounds": rounds,
-            "updates": int(sum(t.updates for t in tasks)), "config": asdict(config), "per_problem": per,
-            "imitation_share": float(imitation_share), **({"init": init_info} if init_info else {}),
-            **({"split_groups": split_groups} if split_groups else {}),
-            "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": f"{platform.machine()}, Python {platform.python_version()}"}
-    weights.save(out_dir, info=info)
-    return info
+    return rounds, imitation_rounds
 
 
 __all__ = ["CorpusItem", "HELD_OUT", "default_corpus", "existing_policy", "parallel_corpus", "pretrain",

@@ -315,7 +315,7 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     (`remeasure`; default `make_evaluator`'s)."""
     from dataclasses import replace as dc_replace
 
-    from placer.rl.search import Search
+    from placer.rl.search import Interrupted, Search
 
     if reward not in ("sim", "measure"):
         raise SearchError(f"unknown reward {reward!r}: use sim or measure")
@@ -343,11 +343,23 @@ def search(problem: PlacementProblem, evaluator=None, *, reward: str = "sim", bu
     if resume and (out is None or not s.load_checkpoint()):
         raise SearchError(f"no checkpoint to resume in {out / 'checkpoint' if out else '(no directory)'}")
     watch = _watched(evaluator, reward, s)
-    res = s.run(budget_seconds, max_updates=max_updates, patience=patience, max_evaluations=max_evaluations)
-    result = _result(problem, res, t0, out, config=s.config.to_dict(), failure_step_time_s=res.failure_step_time,
-                     **({"zero_shot": dict(res.zero_shot)} if res.zero_shot else {}),
-                     **({"local_moves": dict(res.local)} if res.local else {}),
-                     **({"policy": getattr(weights, "info", {}).get("path", str(policy))} if weights is not None else {}))
+
+    def as_result(res) -> SearchResult:
+        return _result(problem, res, t0, out, config=s.config.to_dict(), failure_step_time_s=res.failure_step_time,
+                       **({"zero_shot": dict(res.zero_shot)} if res.zero_shot else {}),
+                       **({"local_moves": dict(res.local)} if res.local else {}),
+                       **({"policy": getattr(weights, "info", {}).get("path", str(policy))}
+                          if weights is not None else {}))
+    try:
+        res = s.run(budget_seconds, max_updates=max_updates, patience=patience, max_evaluations=max_evaluations)
+    except Interrupted as e:
+        if out is not None and e.result is not None:
+            # the best so far, usable now (placement.json, summary.json: stop_reason "interrupted"), beside the
+            # checkpoint --resume continues from: a library run (no args.json) had nothing it could use
+            write_outputs(out, problem, e.result, as_result(e.result), reward=reward, seed=seed,
+                          model_name=model_name or problem.graph.name)
+        raise
+    result = as_result(res)
     if watch is not None and res.stop_reason == "devices_lost":
         return _drop_and_replace(problem, evaluator, watch, res, result, t0, out, budget_seconds, seed,
                                  model_name or problem.graph.name, progress, config, max_updates=max_updates,
@@ -549,12 +561,16 @@ def load_run_problem(run_dir: Path):
             a = {k: z[k] for k in z.files if k != "header"}
     except (PlacerError, OSError, ValueError, KeyError) as e:
         raise SearchError(f"cannot read the run in {run_dir}: {e}") from None
-    if h.get("fingerprint") != graph.fingerprint:
-        raise SearchError(f"{run_dir / RUN_PROBLEM} is for graph {h.get('fingerprint')}, not {graph.fingerprint}")
-    grouping = Grouping(op_group=a["op_group"], num_groups=int(h["num_groups"]), features=a["features"],
-                        cpu_only=a["cpu_only"], adjacency=a["adjacency"], op_cpu_only=a["op_cpu_only"],
-                        group_cost=a["group_cost"], feature_names=tuple(h.get("feature_names", ())))
-    return graph, cluster, a["cost"], grouping, h
+    if not isinstance(h, dict) or h.get("fingerprint") != graph.fingerprint:
+        raise SearchError(f"{run_dir / RUN_PROBLEM} is for graph {h.get('fingerprint') if isinstance(h, dict) else '?'}"
+                          f", not {graph.fingerprint}")
+    try:
+        grouping = Grouping(op_group=a["op_group"], num_groups=int(h["num_groups"]), features=a["features"],
+                            cpu_only=a["cpu_only"], adjacency=a["adjacency"], op_cpu_only=a["op_cpu_only"],
+                            group_cost=a["group_cost"], feature_names=tuple(h.get("feature_names", ())))
+        return graph, cluster, a["cost"], grouping, h
+    except (KeyError, TypeError, ValueError) as e:      # an array or a header key missing
+        raise SearchError(f"{run_dir / RUN_PROBLEM} is incomplete or corrupt ({type(e).__name__}: {e})") from None
 
 
 def moved_off(problem: PlacementProblem, old: np.ndarray, keep: list[int]) -> np.ndarray:

@@ -26,6 +26,16 @@ def test_load_npz_names_the_file_and_never_advises_pickle(tmp_path, content):
         assert list(z["a"]) == [0, 1, 2]
 
 
+def test_a_truncated_npz_is_named_not_a_bad_zip_traceback(tmp_path):
+    """An npz cut short (a kill while copying it) starts with "PK" like a good one: numpy let zipfile's
+    BadZipFile out, a traceback for `placer replace` of a run whose problem.npz was truncated."""
+    p = tmp_path / "problem.npz"
+    np.savez(p, a=np.arange(1000))
+    p.write_bytes(p.read_bytes()[:300])
+    with pytest.raises(ValueError, match="problem.npz is not an npz archive"):
+        load_npz(p)
+
+
 @pytest.mark.parametrize("content", JUNK)
 def test_graph_cache_file_that_is_no_npz(tmp_path, content):
     p = tmp_path / "graph.npz"

@@ -289,11 +289,19 @@ def test_a_missing_policy_path_is_named_as_given(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SearchError, match=r"^empty is not a policy directory"):
         load_policy("empty")
+    import placer.cli as cli
+
+    real = cli.load_from_args
+    # a bad --policy is refused before the graph is read (placer search read it and built every baseline first,
+    # and left an args.json in --out)
+    monkeypatch.setattr(cli, "load_from_args", lambda args: pytest.fail("the graph was read"))
     for cmd in ("place", "search"):
         rc = main([cmd, "--policy", "nonexistent-policy", "--model", "nmt", "--size", "tiny", "--cluster", "2xK80",
                    "--budget", "5", "--out", str(tmp_path / cmd)])
         err = capsys.readouterr().err.strip()
         assert rc == 2 and len(err.splitlines()) == 1 and "nonexistent-policy does not exist" in err, (cmd, err)
+        assert not (tmp_path / cmd).exists()
+    monkeypatch.setattr(cli, "load_from_args", real)
 
 def test_shipped_policy_places_a_family_it_never_saw(inception_tiny):
     """inception_v3 is held out of the pretraining corpus; the shipped policy places it on 2 to 8 GPUs, every
@@ -653,6 +661,45 @@ def test_pretrain_goes_on_from_a_policy(tmp_path):
     assert gap(after) < gap(fresh)          # it moved from the given weights, not from a new draw
     assert main(["pretrain", "--out", str(tmp_path / "c"), "--budget", "1", "--corpus", "quick",
                  "--init", str(tmp_path / "nope"), "--no-progress"]) == 2
+
+
+def test_an_interrupted_pretrain_saves_the_policy_trained_so_far(tmp_path, capsys, monkeypatch):
+    """Ctrl-C (or SIGTERM) during `placer pretrain` lost every minute trained: nothing was written. Now the
+    current step ends, the policy so far is saved ("stop_reason": "interrupted" in policy.json) and the command
+    names it and how to train on from it, exiting 130."""
+    import signal
+
+    import placer.pretrain as pt
+    import placer.rl.reinforce as rf
+    from placer.cli import main
+    from placer.pretrain import CorpusItem
+    from placer.rl.portable import PortableWeights
+    from placer.rl.search import Interrupted
+
+    real = rf.reinforce_update
+
+    def ctrl_c_in_first_update(*a, **k):
+        signal.raise_signal(signal.SIGINT)
+        return real(*a, **k)
+
+    monkeypatch.setattr(rf, "reinforce_update", ctrl_c_in_first_update)
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)     # a terminal's (pytest-xdist ignores it)
+    try:
+        with pytest.raises(Interrupted):
+            pt.pretrain(tmp_path / "p", budget_seconds=600, corpus=[CorpusItem("rnnlm", "2xK80", "tiny")],
+                        hidden_size=16, attn_size=8, imitation_share=0.0)
+    finally:
+        signal.signal(signal.SIGINT, saved)
+    w = PortableWeights.load(tmp_path / "p")
+    assert w.info["stop_reason"] == "interrupted" and w.info["updates"] == 1 and w.info["train_wall_s"] < 600
+
+    def stopped(out, **kw):      # the command's message, on the policy just saved
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(pt, "pretrain", stopped)
+    assert main(["pretrain", "--out", str(tmp_path / "p"), "--force", "--no-progress"]) == 130
+    err = capsys.readouterr().err
+    assert f"policy trained so far is in {tmp_path / 'p'} (train on from it with --init" in err, err
 
 
 def test_pretrain_never_overwrites_a_policy_without_force(capsys, tmp_path, monkeypatch):

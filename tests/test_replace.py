@@ -116,6 +116,25 @@ def test_replace_of_a_missing_or_unfinished_run_says_which(tmp_path):
         placer.replace(tmp_path / "killed", ["/GPU:0"], budget_seconds=5)
 
 
+def test_replace_of_a_run_with_a_damaged_problem_file_names_it(run_dir, tmp_path):
+    """problem.npz truncated was zipfile's BadZipFile traceback, and one missing an array a KeyError traceback."""
+    import placer
+    from placer.search import RUN_PROBLEM
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("checkpoint"))
+    good = (copy / RUN_PROBLEM).read_bytes()
+    (copy / RUN_PROBLEM).write_bytes(good[:300])
+    with pytest.raises(SearchError, match=r"cannot read the run in \S+: problem.npz is not an npz archive"):
+        placer.replace(copy, ["/GPU:2"], budget_seconds=5)
+    (copy / RUN_PROBLEM).write_bytes(good)
+    with np.load(copy / RUN_PROBLEM) as z:
+        kept = {k: z[k] for k in z.files if k != "features"}
+    np.savez(copy / RUN_PROBLEM, **kept)
+    with pytest.raises(SearchError, match=r"problem.npz is incomplete or corrupt \(KeyError: 'features'\)"):
+        placer.replace(copy, ["/GPU:2"], budget_seconds=5)
+
+
 def test_replace_without_checkpoint_searches_cold_with_a_notice(run_dir, tmp_path):
     import placer
 

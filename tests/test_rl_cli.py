@@ -151,6 +151,17 @@ def test_resume_keeps_the_model_settings_and_refuses_conflicting_flags(tmp_path,
     assert main(["search", "--resume", str(out)]) == 2
     err = capsys.readouterr().err
     assert "args.json is not the args.json of a search" in err and "Traceback" not in err
+    # a stored value the flag never takes (a damaged or hand-edited file) was a traceback (float("abc")) or worse
+    good = json.loads(json.dumps(vars(back)))
+    for key, bad in (("budget", "abc"), ("seed", 1.5), ("size", "huge"), ("groups", 0), ("no_progress", "yes"),
+                     ("cluster", 4), ("fetch", "x")):
+        (out / "args.json").write_text(json.dumps({**good, key: bad}))
+        assert main(["search", "--resume", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f'args.json: "{key}": {json.dumps(bad)} is no value of' in err, err
+    (out / "args.json").unlink()      # a library run's directory (place(out_dir=...)): a checkpoint, no args.json
+    assert main(["search", "--resume", str(out)]) == 2
+    assert "holds a checkpoint but no args.json" in capsys.readouterr().err
 
 
 def test_resume_of_a_search_stopped_before_its_first_checkpoint_starts_it_over(tmp_path, capsys):
@@ -188,3 +199,55 @@ def test_a_signal_stopped_search_exits_with_128_plus_the_signal(tmp_path, monkey
         assert main(["search", "--model", "rnnlm", "--size", "tiny", "--cluster", "2xK80", "--out",
                      str(tmp_path)]) == code
         assert f"--resume {tmp_path}" in capsys.readouterr().err
+
+
+def test_an_interrupted_search_writes_its_best_so_far_beside_the_checkpoint(tmp_path, capsys, monkeypatch):
+    """Ctrl-C in the search loop kept only the checkpoint: a library run (place(out_dir=...), no args.json) left
+    nothing usable, and a CLI one no answer until resumed. Now placement.json and summary.json (stop_reason
+    "interrupted") hold the best so far, and `placer search --resume` still continues from the checkpoint."""
+    import signal
+
+    import placer.search as search_mod
+
+    class CtrlC:
+        """The problem's simulator, sending this process SIGINT (a user's Ctrl-C) once in the search loop (where
+        the search's own handler is installed), after the baselines and the warm start."""
+
+        def __init__(self, inner):
+            self.inner, self.devices, self.sent = inner, inner.devices, False
+
+        def evaluate(self, placements):
+            if not self.sent and signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+                self.sent = True
+                signal.raise_signal(signal.SIGINT)
+            return self.inner.evaluate(placements)
+
+        def close(self):
+            pass
+
+    real = search_mod.search
+
+    def interrupted_search(problem, evaluator=None, **kw):
+        return real(problem, evaluator or CtrlC(problem.simulator), **kw)
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(search_mod, "search", interrupted_search)
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)     # a terminal's (pytest-xdist ignores it)
+    try:
+        rc = main(["search", "--model", "nmt", "--size", "tiny", "--cluster", "2xK80", "--budget", "60",
+                   "--local-moves", "0", "--no-progress", "--out", str(out)])
+    finally:
+        signal.signal(signal.SIGINT, saved)
+    err = capsys.readouterr().err
+    assert rc == 130 and f"best placement so far is in {out / 'placement.json'}" in err
+    assert f"--resume {out}" in err and "Traceback" not in err
+    s = json.loads((out / "summary.json").read_text())
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert s["stop_reason"] == "interrupted" and s["evaluations"] == state["evaluations"] > 0
+    assert (out / "placement.json").is_file() and s["step_time_s"] > 0
+    monkeypatch.setattr(search_mod, "search", real)
+    assert main(["search", "--resume", str(out), "--max-updates", str(state["updates"] + 1), "--no-progress",
+                 "--json"]) == 0
+    s2 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s2["stop_reason"] == "max_updates" and s2["updates"] == state["updates"] + 1
+    assert s2["evaluations"] > s["evaluations"] and s2["step_time_s"] <= s["step_time_s"]

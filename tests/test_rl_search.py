@@ -353,6 +353,17 @@ def test_checkpoint_is_data_and_bad_ones_get_one_line(tmp_path):
     (ck / "state.json").write_text(json.dumps({**state, "config": {**state["config"], "future_knob": 1}}))
     with pytest.raises(SearchError, match=r"settings this placer does not know \(future_knob\).*newer version"):
         Search(gr, ev, out_dir=tmp_path, **kw).load_checkpoint()
+    # a key missing or of the wrong type (a hand-edited or damaged state.json) was a KeyError/TypeError traceback
+    for bad in ({k: v for k, v in state.items() if k != "best_time"}, {**state, "history": 3}):
+        (ck / "state.json").write_text(json.dumps(bad))
+        with pytest.raises(SearchError, match=r"checkpoint .*state.json is incomplete or corrupt"):
+            Search(gr, ev, out_dir=tmp_path, **kw).load_checkpoint()
+    # a truncated arrays npz (still starting "PK") is named, not numpy's BadZipFile traceback
+    (ck / "state.json").write_text(json.dumps(state))
+    npz = ck / state["arrays"]
+    npz.write_bytes(npz.read_bytes()[:200])
+    with pytest.raises(SearchError, match=rf"cannot read checkpoint .*state.json: .*{state['arrays']} is not an npz"):
+        Search(gr, ev, out_dir=tmp_path, **kw).load_checkpoint()
     (ck / "state.json").unlink()
     (ck / "state.pkl").write_bytes(b"\x80\x04K\x01.")
     with pytest.raises(SearchError, match=r"state.pkl is in an old format \(a pickle\)"):

@@ -360,9 +360,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         run = getattr(args, "resume", None) or getattr(args, "out", None)
         kept = args.command == "search" and run and (Path(run) / "args.json").is_file()
-        print(f"placer {args.command}: interrupted" + (f"; continue with: placer search --resume {run}"
-                                                         if kept else ""), file=sys.stderr)
+        best = run and args.command in ("search", "place") and _stopped_by_interrupt(Path(run) / "summary.json")
+        trained = run and args.command == "pretrain" and _stopped_by_interrupt(Path(run) / "policy.json")
+        print(f"placer {args.command}: interrupted"
+              + (f"; the best placement so far is in {Path(run) / 'placement.json'}" if best else "")
+              + (f"; the policy trained so far is in {run} (train on from it with --init {run} --out NEW)"
+                 if trained else "")
+              + (f"; continue with: placer search --resume {run}" if kept else ""), file=sys.stderr)
         return 128 + getattr(e, "signum", 2)     # 130 for Ctrl-C, 143 for SIGTERM (a search's Interrupted)
+
+
+def _stopped_by_interrupt(path: Path) -> bool:
+    """Whether the JSON file `path` (a search's summary.json, a policy.json) has "stop_reason": "interrupted": a
+    signal stopped the run, which wrote its work so far (`placer.search.search`, `placer.pretrain.pretrain`)."""
+    try:
+        return json.loads(path.read_text()).get("stop_reason") == "interrupted"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def out_dir(path: str, flag: str = "--out") -> Path:

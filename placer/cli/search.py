@@ -36,6 +36,9 @@ def _save_args(out: Path, args) -> None:
 
 def _load_args(out: Path, args):
     p = out / ARGS_FILE
+    if not p.exists() and (out / "checkpoint").is_dir():     # placer.place(out_dir=...) writes no args.json
+        raise SearchError(f"{out} holds a checkpoint but no {ARGS_FILE} (the flags `placer search --out` stores; "
+                          f"the library's place(out_dir=...) writes none), so --resume cannot rebuild its search")
     if not p.exists():
         raise SearchError(f"{out} is not a search directory (no {ARGS_FILE}); start one with --out DIR")
     try:
@@ -44,11 +47,42 @@ def _load_args(out: Path, args):
         raise SearchError(f"{p} is not valid JSON: {e}") from None
     if not isinstance(d, dict):
         raise SearchError(f"{p} is not the {ARGS_FILE} of a search (expected a JSON object of its flags)")
+    _check_stored_values(p, d)
     _check_resume_flags(out, args, d)
     for k, v in d.items():
         setattr(args, k, v)
     args.out = str(out)
     return args
+
+
+def _check_stored_values(path: Path, stored: dict) -> None:
+    """Each flag stored in an args.json must be a value `placer search` could have parsed for it (a damaged or
+    hand-edited file made --resume fail later with a traceback, e.g. float("abc") for the budget): SearchError
+    naming the file, the key and the flag."""
+    import argparse
+
+    from placer.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["search"]
+    for a in sub._actions:
+        v = stored.get(a.dest)
+        if v is None or a.dest == "help":
+            continue
+        if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            ok = isinstance(v, bool)
+        elif isinstance(a, argparse._AppendAction):
+            ok = isinstance(v, list) and all(isinstance(x, str) for x in v)
+        else:
+            ok = isinstance(v, (str, int, float)) and not isinstance(v, bool) and (a.type is not None or
+                                                                                  isinstance(v, str))
+            try:
+                ok = ok and (a.type is None or a.type(str(v)) is not None) and (not a.choices or v in a.choices)
+            except (argparse.ArgumentTypeError, ValueError, TypeError):
+                ok = False
+        if not ok:
+            flag = a.option_strings[0] if a.option_strings else a.dest.upper()
+            raise SearchError(f"{path}: \"{a.dest}\": {json.dumps(v)} is no value of {flag}: the file is damaged; "
+                              f"start a new search with --out")
 
 
 def _check_resume_flags(out: Path, args, stored: dict) -> None:
@@ -124,6 +158,11 @@ def run_search(args) -> int:
     if merge is not None and clus is not None and merge + clus > top:
         raise SearchError(f"--merge-share + --cluster-share must be at most {top:g} (the chain's moves left after "
                           f"its attraction moves), got {merge:g} + {clus:g}")
+    weights = None
+    if getattr(args, "policy", None):
+        from placer.search import load_policy
+
+        weights = load_policy(args.policy)     # a bad --policy fails now, not after the graph and the baselines
     out = out_dir(args.out)
     restart = False     # --resume of a search that stopped before its first checkpoint
     if resume:
@@ -176,7 +215,7 @@ def run_search(args) -> int:
         search(problem, evaluator, reward=args.reward, budget_seconds=budget, seed=int(args.seed or 0), config=config,
                out_dir=out, progress=not args.no_progress, max_updates=args.max_updates, patience=args.patience,
                resume=resume, remeasure=getattr(args, "remeasure", True) is not False,
-               model_name=args.model or graph.name, policy=getattr(args, "policy", None) or None,
+               model_name=args.model or graph.name, policy=weights,
                max_evaluations=getattr(args, "max_evaluations", None), measure_settings=measure_kw)
     finally:
         if evaluator is not None:

@@ -404,6 +404,15 @@ class Search:
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
             raise SearchError(f"checkpoint {path} has format {state.get('format') if isinstance(state, dict) else '?'}"
                               f", expected {CHECKPOINT_FORMAT}")
+        try:
+            self._restore(path, state, arrays)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:   # a key missing, a wrong type
+            raise SearchError(f"checkpoint {path} is incomplete or corrupt ({type(e).__name__}: {e}): it cannot be "
+                              f"resumed") from None
+        return True
+
+    def _restore(self, path: Path, state: dict, arrays: dict) -> None:
+        """`load_checkpoint`'s restoring of a read checkpoint (`state`: state.json, `arrays`: its npz)."""
         if state["fingerprint"] != self.fingerprint:
             raise SearchError(f"checkpoint {path} was made for another grouping of the graph "
                               f"(fingerprint {state['fingerprint'][:12]} != {self.fingerprint[:12]})")
@@ -484,7 +493,6 @@ class Search:
             EvaluationCache.from_arrays(arr(c["groups"]), arr(c["values"])) if c else EvaluationCache()
         self.wall_before = float(state["wall_s"])
         self._t_start = time.perf_counter()
-        return True
 
     def restore_policy(self, checkpoint_dir: str | os.PathLike, device_map: Sequence[int]) -> str | None:
         """Re-placement: start from the policy of another search's checkpoint (same grouping) whose devices were
@@ -1310,7 +1318,8 @@ class Search:
             bar.close()
         if stop == "interrupted":     # the work so far is kept: `placer search --resume DIR` continues from it
             self.save_checkpoint()
-            raise Interrupted(self._interrupt.signum)
+            raise Interrupted(self._interrupt.signum,
+                              self._result("interrupted") if self.best_placement is not None else None)
         return self._finish(stop)
 
     def _finish(self, stop: str) -> LoopResult:
@@ -1329,11 +1338,14 @@ class Search:
 
 class Interrupted(KeyboardInterrupt):
     """A search stopped by a signal (SIGINT, SIGTERM): `signum` says which, so that a command exits with 128 + it
-    (130 for Ctrl-C, 143 for SIGTERM), as a process the signal had killed would."""
+    (130 for Ctrl-C, 143 for SIGTERM), as a process the signal had killed would. `result`: the search's best so
+    far (a LoopResult, stop_reason "interrupted") when it stopped between two steps with a placement that fits,
+    else None (a second signal stops at once)."""
 
-    def __init__(self, signum: int = signal.SIGINT):
+    def __init__(self, signum: int = signal.SIGINT, result: "LoopResult | None" = None):
         super().__init__(signum)
         self.signum = int(signum)
+        self.result = result
 
 
 class _DeferredInterrupt:
