@@ -192,8 +192,9 @@ class Search:
         self._last_save = time.perf_counter()
         self.device_capacity = None if device_capacity is None else np.asarray(device_capacity, np.float64)
         self.tensorboard = tensorboard
-        # called after every update: a non-empty string stops the search with that stop_reason (e.g. the measured
-        # search's watch for lost devices, `placer.search`), before the check for systematic failures
+        # called before every update (the first one too: after the baselines) and after it, before the check for
+        # systematic failures: a non-empty string stops the search with that stop_reason (e.g. the measured
+        # search's watch for lost devices, `placer.search`)
         self.stop_check = None
         from placer.rl.reinforce import ReinforceConfig
 
@@ -1242,6 +1243,8 @@ class Search:
             while True:
                 if self._interrupt.pending:
                     stop = "interrupted"
+                elif self.stop_check is not None and (lost := self.stop_check()):
+                    stop = lost      # checked first: devices lost while the baselines were measured count too
                 elif max_updates is not None and self.updates >= max_updates:
                     stop = "max_updates"
                 elif max_evaluations is not None and self.evaluations >= max_evaluations:
