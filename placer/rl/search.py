@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placer._npz import load_npz
-from placer.errors import SearchError, fmt_bytes
+from placer.errors import MeasurementError, SearchError, fmt_bytes
 from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
                             failure_reference, first_copies, group_key, grouped_baselines,
                             initial_temperature, move_shares_error, neighbours, screen_error, screened)
@@ -1306,6 +1306,9 @@ class Search:
                 if stop:
                     break
                 self._check_systematic_failure()
+        except MeasurementError:
+            self.save_checkpoint()   # no device or worker left to measure on: the updates so far are kept (--resume)
+            raise
         finally:
             self._interrupt.__exit__()
             bar.close()
