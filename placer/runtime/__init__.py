@@ -11,32 +11,11 @@ from __future__ import annotations
 from placer.errors import MeasurementError
 
 
-def check_token(tok: str, where: str = "the token") -> str:
-    """`tok` stripped, when gRPC can carry it as the `x-placer-token` metadata value (printable ASCII, no line
-    break); else MeasurementError naming `where` (gRPC itself would fail every call with "INTERNAL: Invalid
-    metadata", blamed on the worker).
-
-    >>> check_token("s3cret\\n")
-    's3cret'
-    >>> check_token("a\\nb", "token file tok")
-    Traceback (most recent call last):
-    placer.errors.MeasurementError: token file tok: the token may hold only printable ASCII characters on one \
-line (found '\\n' at position 1)
-    """
-    tok = tok.strip()
-    if not tok:
-        raise MeasurementError(f"{where} is empty")
-    bad = next(((i, c) for i, c in enumerate(tok) if not " " <= c <= "~"), None)
-    if bad is not None:
-        raise MeasurementError(f"{where}: the token may hold only printable ASCII characters on one line "
-                               f"(found {bad[1]!r} at position {bad[0]})")
-    return tok
-
-
 def read_token(path: str | None) -> str | None:
     """The shared token of the measurement workers, from the file `path` (None: no token); MeasurementError
     naming the file when it cannot be read or holds no usable token (`check_token`)."""
     from placer.errors import os_reason
+    from placer.runtime.worker import check_token
 
     if not path:
         return None
@@ -106,7 +85,7 @@ def make_evaluator(graph, devices, *, workers=None, token_file: str | None = Non
     return ev
 
 
-__all__ = ["check_token", "make_evaluator", "measured_cluster", "no_auth_without_workers", "read_token"]
+__all__ = ["make_evaluator", "measured_cluster", "no_auth_without_workers", "read_token"]
 
 
 def measured_cluster(graph, devices, *, workers=None, token_file: str | None = None, token: str | None = None,

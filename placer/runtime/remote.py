@@ -36,7 +36,7 @@ import numpy as np
 from placer.errors import ClusterError, MeasurementError
 from placer.runtime.devices import parse_devices
 from placer.runtime.devices import devices_flag, missing_devices_message  # noqa: F401
-from placer.runtime.worker import MAX_MESSAGE_BYTES, TOKEN_KEY, blob_fingerprint, grpc_options
+from placer.runtime.worker import MAX_MESSAGE_BYTES, TOKEN_KEY, blob_fingerprint, check_token, grpc_options
 from placer.sim.evaluator import Evaluator, Outcome
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,6 @@ class RemotePool(Evaluator):
         self.rpc_slack, self.health_interval = float(rpc_slack), float(health_interval)
         self.heartbeat, self.heartbeat_misses = float(heartbeat), max(1, int(heartbeat_misses))
         if token is not None:
-            from placer.runtime import check_token
-
             token = check_token(token)
         self._md = ((TOKEN_KEY, token),) if token else ()
         self._fp = blob_fingerprint(graph.meta_graph, graph.names, graph.fetches)

@@ -34,6 +34,28 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024   # graphs are several MB; full-size model
 MAX_RUNS, MAX_WARMUP = 1000, 100        # per request, whatever a client asks
 
 
+def check_token(tok: str, where: str = "the token") -> str:
+    """`tok` stripped, when gRPC can carry it as the `x-placer-token` metadata value (printable ASCII, no line
+    break); else MeasurementError naming `where` (gRPC itself would fail every call with "INTERNAL: Invalid
+    metadata", blamed on the worker).
+
+    >>> check_token("s3cret\\n")
+    's3cret'
+    >>> check_token("a\\nb", "token file tok")
+    Traceback (most recent call last):
+    placer.errors.MeasurementError: token file tok: the token may hold only printable ASCII characters on one \
+line (found '\\n' at position 1)
+    """
+    tok = tok.strip()
+    if not tok:
+        raise MeasurementError(f"{where} is empty")
+    bad = next(((i, c) for i, c in enumerate(tok) if not " " <= c <= "~"), None)
+    if bad is not None:
+        raise MeasurementError(f"{where}: the token may hold only printable ASCII characters on one line "
+                               f"(found {bad[1]!r} at position {bad[0]})")
+    return tok
+
+
 def grpc_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
     return [("grpc.max_receive_message_length", int(max_message_bytes)),
             ("grpc.max_send_message_length", int(max_message_bytes))]
@@ -270,8 +292,6 @@ def serve(listen: str = "127.0.0.1:50051", token: str | None = None, tls_cert: s
 
     host, port = split_address(listen)
     if token is not None:
-        from placer.runtime import check_token
-
         token = check_token(token)
     if not is_loopback(host) and not token:
         raise MeasurementError(f"refusing to listen on {listen} without a token: pass --token-file FILE "
