@@ -202,6 +202,56 @@ def test_measured_search_drops_a_dead_device_and_replaces_on_the_survivors(tmp_p
     problem.close()
 
 
+def test_a_device_lost_while_the_baselines_are_measured_is_dropped(tmp_path):
+    """A device found dead while the baselines were measured (its TF task killed early): the search dropped it
+    only when an update ran after, so a search whose budget (or max_updates) the baselines used up ended with
+    stop_reason "budget", no drop, exit 0 and a returned placement on the dead device."""
+    from placer.graphs.models import build_model
+    from placer.problem import build_problem
+    from placer.rl.reinforce import ReinforceConfig
+    from placer.search import search
+
+    problem = build_problem(build_model("nmt", "tiny"), "2xK80", seed=0)
+    ev = _Dying(problem, victim=1, after=len(problem.baselines) // 2)      # dies amid the baselines
+    cfg = ReinforceConfig.for_reward("measure", seed=0, baseline_rounds=1)   # the first half stay measured
+    res = search(problem, ev, reward="measure", budget_seconds=120, max_updates=0, out_dir=tmp_path / "d",
+                 config=cfg)
+    s = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert [d["devices"] for d in s.get("dropped", [])] == [["/GPU:1"]], (s["stop_reason"], s.get("dropped"))
+    assert "/GPU:1" not in set(res.placement.mapping.values()) and ev.survivors is not None
+    problem.close()
+
+
+def test_a_search_whose_workers_all_die_keeps_its_updates_in_the_checkpoint(tmp_path):
+    """Every measurement worker gone mid-search (RemotePool raises MeasurementError): the updates since the last
+    checkpoint (up to 10, or 60 s of them) were lost; the checkpoint is now written before the error goes up,
+    and `--resume` continues from the last update."""
+    from placer.errors import MeasurementError
+    from placer.graphs.models import build_model
+    from placer.problem import build_problem
+    from placer.search import search
+
+    problem = build_problem(build_model("nmt", "tiny"), "2xK80", seed=0)
+
+    class Pool:           # the simulator, until no worker is left
+        devices, n = problem.device_names, 0
+
+        def evaluate(self, placements):
+            Pool.n += 1
+            if Pool.n > 4:
+                raise MeasurementError("no measurement worker is alive: 127.0.0.1:5: UNAVAILABLE: Socket closed")
+            return problem.simulator.evaluate(placements)
+
+        def close(self):
+            pass
+
+    with pytest.raises(MeasurementError, match="no measurement worker"):
+        search(problem, Pool(), reward="measure", budget_seconds=120, max_updates=50, out_dir=tmp_path / "d")
+    state = json.loads((tmp_path / "d" / "checkpoint" / "state.json").read_text())
+    assert state["updates"] >= 1, state["updates"]
+    problem.close()
+
+
 def test_a_search_whose_devices_live_is_not_dropped(tmp_path):
     from placer.graphs.models import build_model
     from placer.problem import build_problem

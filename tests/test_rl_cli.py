@@ -253,3 +253,28 @@ def test_an_interrupted_search_writes_its_best_so_far_beside_the_checkpoint(tmp_
     s2 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert s2["stop_reason"] == "max_updates" and s2["updates"] == state["updates"] + 1
     assert s2["evaluations"] > s["evaluations"] and s2["step_time_s"] <= s["step_time_s"]
+
+
+def test_a_search_that_lost_its_workers_names_the_resume_command(tmp_path, monkeypatch, capsys):
+    """A measured search whose workers all died mid-search checkpoints its updates (Search.run); the one-line
+    error now says so and names the --resume command (it gave the error alone). A refusal before any checkpoint
+    does not."""
+    import placer.cli.search as cli_search
+    from placer.cli import main
+    from placer.errors import MeasurementError
+
+    for checkpointed in (True, False):
+        out = tmp_path / str(checkpointed)
+
+        def lost(args):
+            out.mkdir()
+            (out / "args.json").write_text("{}")
+            if checkpointed:
+                (out / "checkpoint").mkdir()
+                (out / "checkpoint" / "state.json").write_text("{}")
+            raise MeasurementError("no measurement worker is alive: 127.0.0.1:5: UNAVAILABLE: Socket closed")
+        monkeypatch.setattr(cli_search, "run_search", lost)
+        assert main(["search", "--model", "rnnlm", "--size", "tiny", "--cluster", "2xK80", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("placer search: error: no measurement worker"), err
+        assert (f"continue with: placer search --resume {out}" in err) == checkpointed, err

@@ -267,3 +267,52 @@ def test_restarted_worker_rejoins_and_gets_the_graph_again(graph):
         pool.close()
         stop_worker(p)
 
+
+
+def test_token_files_grpc_cannot_carry_are_refused_naming_the_file(graph, tmp_path):
+    """A token file that is not UTF-8 gave a UnicodeDecodeError traceback; a token with a line break or a
+    non-ASCII character was sent anyway and every call failed with "INTERNAL: Invalid metadata", blamed on the
+    worker. Each is now one line naming the file (or the token), on the client and on the worker."""
+    from placer.runtime import read_token
+
+    for name, data, why in [("bin", b"\xff\xfe\x00", "not text"), ("lines", b"ab\ncd\n", r"'\\n' at position 2"),
+                            ("accent", "s\u00e9cret\n".encode(), "printable ASCII"), ("empty", b" \n", "is empty")]:
+        f = tmp_path / name
+        f.write_bytes(data)
+        with pytest.raises(MeasurementError, match=f"token file {f}.*{why}"):
+            read_token(str(f))
+    (tmp_path / "ok").write_text(" s3cret \n")
+    assert read_token(str(tmp_path / "ok")) == "s3cret"
+    with pytest.raises(MeasurementError, match="printable ASCII"):
+        RemotePool(graph, ["127.0.0.1:1"], token="a\tb")
+    with pytest.raises(MeasurementError, match="printable ASCII"):
+        serve("127.0.0.1:0", token="s\u00e9cret", block=False)
+
+
+def test_a_worker_refuses_a_port_in_use_and_says_why_it_cannot_listen():
+    """A second worker on a port in use started "listening" (gRPC's SO_REUSEPORT: two workers shared the port,
+    each client landing on either); a bind gRPC refused by raising (an address not of this host) was a
+    RuntimeError traceback. Both are one line with the OS's reason."""
+    w = serve("127.0.0.1:0", block=False)
+    try:
+        with pytest.raises(MeasurementError, match=f"cannot listen on 127.0.0.1:{w.port}: .*in use"):
+            serve(f"127.0.0.1:{w.port}", block=False).stop()
+    finally:
+        w.stop()
+    with pytest.raises(MeasurementError, match="cannot listen on 192.0.2.1:50051: .*address"):
+        serve("192.0.2.1:50051", token="t", block=False).stop()
+
+
+def test_an_unreachable_worker_is_out_with_the_connection_error(graph):
+    """A worker address where nothing listens was out with "DEADLINE_EXCEEDED: Deadline Exceeded" (the probe
+    waits for the channel to be ready, and it never is): the reason is now the channel's own (refused)."""
+    import socket
+
+    with socket.socket() as s:          # a port nothing listens on (bound, never listening)
+        s.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{s.getsockname()[1]}"
+        with RemotePool(graph, [addr], "cpu:1", runs=1) as pool:
+            with pytest.raises(MeasurementError, match=f"{addr}: UNAVAILABLE: .*(refused|failed to connect)"):
+                pool.check_devices()
+    with pytest.raises(MeasurementError, match="worker address 127.0.0.1:1 is listed twice"):
+        RemotePool(graph, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:1"])

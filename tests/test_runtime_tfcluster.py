@@ -336,7 +336,8 @@ def test_cluster_up_names_the_flag_at_fault(flags, message, tmp_path, capsys):
     assert err == "placer cluster: error: " + message and not (tmp_path / "t.json").exists()
 
 
-def test_dead_ports_are_a_one_line_error(tmp_path, capsys, mlp):
+def _dead_tasks_file(tmp_path):
+    """A tasks file of one task (pid null) at a port nothing listens on: (its path, the port)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -345,12 +346,31 @@ def test_dead_ports_are_a_one_line_error(tmp_path, capsys, mlp):
     p.write_text(json.dumps({"format": 1, "job": "worker", "tasks": [
         {"address": f"127.0.0.1:{port}", "pid": None, "cores": [0],
          "devices": ["/job:worker/replica:0/task:0/device:CPU:0"]}]}))
+    return p, port
+
+
+def test_dead_ports_are_a_one_line_error(tmp_path, capsys, mlp):
+    p, port = _dead_tasks_file(tmp_path)
     for argv in (["measure", "--model", "nmt", "--size", "tiny", "--devices", str(p)],
                  ["calibrate", "--model", "nmt", "--size", "tiny", "--devices", str(p), "--out", str(tmp_path)]):
         err = _one_line_error(capsys, main(argv))
         assert str(p) in err and f"task 0 (127.0.0.1:{port})" in err and "down" in err
     with pytest.raises(MeasurementError, match="task 0"):
         TFClusterRunner(mlp, str(p))
+
+
+def test_a_task_that_dies_while_the_runner_connects_is_named(tmp_path, mlp, monkeypatch):
+    """A task found up by the runner's check but down when the measurement child connects (killed in between):
+    the error was TF's "TensorFlow failed to start in the measurement process: UnavailableError: failed to
+    connect to all addresses..." without the task; it now names the task and why it is down."""
+    p, port = _dead_tasks_file(tmp_path)
+    checks = []
+    monkeypatch.setattr(TFClusterRunner, "check_tasks", lambda self: checks.append(1))    # "up" when checked
+    with TFClusterRunner(mlp, str(p), timeout=3) as runner:       # TF gives up on the dead master in 2.7 s
+        with pytest.raises(MeasurementError, match=rf"{p}: task 0 \(127.0.0.1:{port}\) is down: its port does not "
+                                                   r"answer .*\(TensorFlow failed to start"):
+            runner.check_devices()
+    assert checks
 
 
 def test_device_not_in_the_cluster_is_an_error(tasks, mlp, tmp_path, capsys):

@@ -355,18 +355,23 @@ def main(argv: list[str] | None = None) -> int:
     except PlacerError as e:
         if args.debug:
             raise
-        print(f"placer {args.command}: error: {e}", file=sys.stderr)
+        from placer.errors import MeasurementError
+
+        # a measured search whose devices or workers all went out mid-search has checkpointed its updates
+        kept = isinstance(e, MeasurementError) and _resumable(args, "checkpoint/state.json")
+        print(f"placer {args.command}: error: {e}" + (f" (the search so far is kept; continue with: placer search "
+                                                       f"--resume {kept})" if kept else ""), file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         run = getattr(args, "resume", None) or getattr(args, "out", None)
-        kept = args.command == "search" and run and (Path(run) / "args.json").is_file()
+        kept = _resumable(args)
         best = run and args.command in ("search", "place") and _stopped_by_interrupt(Path(run) / "summary.json")
         trained = run and args.command == "pretrain" and _stopped_by_interrupt(Path(run) / "policy.json")
         print(f"placer {args.command}: interrupted"
               + (f"; the best placement so far is in {Path(run) / 'placement.json'}" if best else "")
               + (f"; the policy trained so far is in {run} (train on from it with --init {run} --out NEW)"
                  if trained else "")
-              + (f"; continue with: placer search --resume {run}" if kept else ""), file=sys.stderr)
+              + (f"; continue with: placer search --resume {kept}" if kept else ""), file=sys.stderr)
         return 128 + getattr(e, "signum", 2)     # 130 for Ctrl-C, 143 for SIGTERM (a search's Interrupted)
 
 
@@ -377,6 +382,13 @@ def _stopped_by_interrupt(path: Path) -> bool:
         return json.loads(path.read_text()).get("stop_reason") == "interrupted"
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def _resumable(args, needs: str = "") -> str | None:
+    """The run directory `placer search --resume` can continue (its args.json, and `needs` when given), or None."""
+    run = getattr(args, "resume", None) or getattr(args, "out", None)
+    ok = args.command == "search" and run and all((Path(run) / f).is_file() for f in ("args.json", needs) if f)
+    return run if ok else None
 
 
 def out_dir(path: str, flag: str = "--out") -> Path:

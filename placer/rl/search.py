@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placer._npz import load_npz
-from placer.errors import SearchError, fmt_bytes
+from placer.errors import MeasurementError, SearchError, fmt_bytes
 from placer.grouped import (accept0_error, accept_move, auto_shares, charged_step_times, cluster_levels,
                             failure_reference, first_copies, group_key, grouped_baselines,
                             initial_temperature, move_shares_error, neighbours, screen_error, screened)
@@ -192,8 +192,9 @@ class Search:
         self._last_save = time.perf_counter()
         self.device_capacity = None if device_capacity is None else np.asarray(device_capacity, np.float64)
         self.tensorboard = tensorboard
-        # called after every update: a non-empty string stops the search with that stop_reason (e.g. the measured
-        # search's watch for lost devices, `placer.search`), before the check for systematic failures
+        # called before every update (the first one too: after the baselines) and after it, before the check for
+        # systematic failures: a non-empty string stops the search with that stop_reason (e.g. the measured
+        # search's watch for lost devices, `placer.search`)
         self.stop_check = None
         from placer.rl.reinforce import ReinforceConfig
 
@@ -1251,6 +1252,8 @@ class Search:
             while True:
                 if self._interrupt.pending:
                     stop = "interrupted"
+                elif self.stop_check is not None and (lost := self.stop_check()):
+                    stop = lost      # checked first: devices lost while the baselines were measured count too
                 elif max_updates is not None and self.updates >= max_updates:
                     stop = "max_updates"
                 elif max_evaluations is not None and self.evaluations >= max_evaluations:
@@ -1313,6 +1316,9 @@ class Search:
                 if stop:
                     break
                 self._check_systematic_failure()
+        except MeasurementError:
+            self.save_checkpoint()   # no device or worker left to measure on: the updates so far are kept (--resume)
+            raise
         finally:
             self._interrupt.__exit__()
             bar.close()

@@ -12,17 +12,22 @@ from placer.errors import MeasurementError
 
 
 def read_token(path: str | None) -> str | None:
-    """The shared token of the measurement workers, from the file `path` (None: no token)."""
+    """The shared token of the measurement workers, from the file `path` (None: no token); MeasurementError
+    naming the file when it cannot be read or holds no usable token (`check_token`)."""
+    from placer.errors import os_reason
+    from placer.runtime.worker import check_token
+
     if not path:
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            tok = f.read().strip()
+            tok = f.read()
     except OSError as e:
-        raise MeasurementError(f"cannot read token file {path}: {e}") from None
-    if not tok:
-        raise MeasurementError(f"token file {path} is empty")
-    return tok
+        raise MeasurementError(f"cannot read token file {path}: {os_reason(e)}") from None
+    except UnicodeDecodeError as e:
+        raise MeasurementError(f"token file {path} is not text (byte {e.start} is not UTF-8): "
+                               "a token is printable ASCII") from None
+    return check_token(tok, f"token file {path}")
 
 
 def no_auth_without_workers(workers, *, token_file=None, token=None, tls_ca=None) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 from placer.errors import ClusterError, MeasurementError
 from placer.runtime.devices import parse_devices
 from placer.runtime.devices import devices_flag, missing_devices_message  # noqa: F401
-from placer.runtime.worker import MAX_MESSAGE_BYTES, TOKEN_KEY, blob_fingerprint, grpc_options
+from placer.runtime.worker import MAX_MESSAGE_BYTES, TOKEN_KEY, blob_fingerprint, check_token, grpc_options
 from placer.sim.evaluator import Evaluator, Outcome
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,9 @@ class RemotePool(Evaluator):
 
         if (bad := next((a for a in addresses if not is_host_port(a)), None)) is not None:
             raise MeasurementError(f"worker address {bad!r} is not HOST:PORT (e.g. 127.0.0.1:50051)")
+        if len(set(addresses)) != len(addresses):   # two threads on one worker: measurements queued, not parallel
+            twice = next(a for a in addresses if addresses.count(a) > 1)
+            raise MeasurementError(f"worker address {twice} is listed twice")
         self.graph = graph
         self.devices = parse_devices(devices)
         from placer.runtime.local import check_measure_settings
@@ -102,7 +105,9 @@ class RemotePool(Evaluator):
         self.timeout, self.warmup, self.runs = float(timeout), int(warmup), int(runs)
         self.rpc_slack, self.health_interval = float(rpc_slack), float(health_interval)
         self.heartbeat, self.heartbeat_misses = float(heartbeat), max(1, int(heartbeat_misses))
-        self._md = ((TOKEN_KEY, token.strip()),) if token else ()
+        if token is not None:
+            token = check_token(token)
+        self._md = ((TOKEN_KEY, token),) if token else ()
         self._fp = blob_fingerprint(graph.meta_graph, graph.names, graph.fetches)
         creds = None
         if tls_ca:
@@ -145,7 +150,7 @@ class RemotePool(Evaluator):
         try:
             w.stub.Health(placer_pb2.HealthRequest(), timeout=timeout, metadata=self._md, wait_for_ready=True)
         except self._grpc.RpcError as e:
-            self._fail(w, self._rpc_error(e))
+            self._fail(w, self._connect_error(w) or self._rpc_error(e))
             return False
         if not w.alive:
             log.warning("measurement worker %s answers again: re-checking its devices and graph before it rejoins",
@@ -154,6 +159,19 @@ class RemotePool(Evaluator):
                                 "at_s": round(time.monotonic() - self._t0, 3)})
         w.alive, w.reason, w.last_check = True, "", time.monotonic()
         return True
+
+    def _connect_error(self, w: _Worker) -> str | None:
+        """Why the channel to `w` cannot connect (refused, a host that does not resolve...), or None. A call that
+        waits for the channel to be ready only says DEADLINE_EXCEEDED when it never is; a call that does not wait
+        fails at once with the channel's last connection error."""
+        from placer.runtime import placer_pb2
+
+        try:
+            w.stub.Health(placer_pb2.HealthRequest(), timeout=1.0, metadata=self._md)
+        except self._grpc.RpcError as e:
+            if e.code() == self._grpc.StatusCode.UNAVAILABLE:
+                return self._rpc_error(e)
+        return None
 
     def check_workers(self, force: bool = False, wait: bool = True) -> list[str]:
         """Re-probe dead workers due for it (all workers when `force`); returns the live addresses. With

@@ -80,7 +80,14 @@ class TFClusterRunner(LocalRunner):
     def _ensure_child(self):
         if self._child is None or not self._child.alive:
             self.check_tasks()
-        child = super()._ensure_child()
+        try:
+            child = super()._ensure_child()
+        except MeasurementError as e:
+            # a task that died while the child connected: name it (TF says only that a connection failed)
+            down = down_tasks(self.tasks, self.probe_timeout)
+            if down:
+                raise MeasurementError(f"tasks file {self.tasks.path}: {'; '.join(down)} ({e})") from None
+            raise
         missing = [d for d in self.devices if d not in child.devices]
         if missing:
             raise MeasurementError(f"tasks file {self.tasks.path}: task 0's master ({self.tasks.target}) does not "

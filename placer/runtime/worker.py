@@ -13,6 +13,7 @@ measurement child before the graph is imported, request size capped (`max_messag
 from __future__ import annotations
 
 import collections
+import errno
 import hashlib
 import hmac
 import ipaddress
@@ -31,6 +32,28 @@ log = logging.getLogger(__name__)
 TOKEN_KEY = "x-placer-token"
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024   # graphs are several MB; full-size models tens of MB
 MAX_RUNS, MAX_WARMUP = 1000, 100        # per request, whatever a client asks
+
+
+def check_token(tok: str, where: str = "the token") -> str:
+    """`tok` stripped, when gRPC can carry it as the `x-placer-token` metadata value (printable ASCII, no line
+    break); else MeasurementError naming `where` (gRPC itself would fail every call with "INTERNAL: Invalid
+    metadata", blamed on the worker).
+
+    >>> check_token("s3cret\\n")
+    's3cret'
+    >>> check_token("a\\nb", "token file tok")
+    Traceback (most recent call last):
+    placer.errors.MeasurementError: token file tok: the token may hold only printable ASCII characters on one \
+line (found '\\n' at position 1)
+    """
+    tok = tok.strip()
+    if not tok:
+        raise MeasurementError(f"{where} is empty")
+    bad = next(((i, c) for i, c in enumerate(tok) if not " " <= c <= "~"), None)
+    if bad is not None:
+        raise MeasurementError(f"{where}: the token may hold only printable ASCII characters on one line "
+                               f"(found {bad[1]!r} at position {bad[0]})")
+    return tok
 
 
 def grpc_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -223,6 +246,24 @@ def _token_interceptor(token: str):
     return TokenInterceptor()
 
 
+def _bind_failure(host: str, port: int) -> str:
+    """Why gRPC could not bind HOST:PORT, in the OS's words (gRPC says only that it failed): the same bind done
+    with a plain socket."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        return f"the host does not resolve ({e.strerror or e})"
+    fam, _, _, _, addr = infos[0]
+    try:
+        with socket.socket(fam, socket.SOCK_STREAM) as s:
+            s.bind(addr)
+    except OSError as e:
+        return f"{e.strerror or e}" + (" (another process listens there)" if e.errno == errno.EADDRINUSE else "")
+    return "address in use or not available here"
+
+
 @dataclass
 class Worker:
     """A running worker (returned by `serve(..., block=False)`): `.port`, `.stop()`."""
@@ -250,8 +291,8 @@ def serve(listen: str = "127.0.0.1:50051", token: str | None = None, tls_cert: s
     from placer.runtime import placer_pb2_grpc
 
     host, port = split_address(listen)
-    if token is not None and not token.strip():
-        raise MeasurementError("the token is empty")
+    if token is not None:
+        token = check_token(token)
     if not is_loopback(host) and not token:
         raise MeasurementError(f"refusing to listen on {listen} without a token: pass --token-file FILE "
                                "(and preferably --tls-cert/--tls-key); only loopback addresses may go without")
@@ -262,8 +303,11 @@ def serve(listen: str = "127.0.0.1:50051", token: str | None = None, tls_cert: s
     check_timeout(timeout)
     servicer = MeasurerServicer(devices, allow_unsafe_ops=allow_unsafe_ops, timeout=timeout, label=listen)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads),
-                         interceptors=[_token_interceptor(token.strip())] if token else [],
-                         options=grpc_options(max_message_bytes), maximum_concurrent_rpcs=64)
+                         interceptors=[_token_interceptor(token)] if token else [],
+                         # no SO_REUSEPORT (gRPC's default): a second worker on a port in use would share it
+                         # with the first, each client landing on either; it must be refused instead
+                         options=grpc_options(max_message_bytes) + [("grpc.so_reuseport", 0)],
+                         maximum_concurrent_rpcs=64)
     placer_pb2_grpc.add_MeasurerServicer_to_server(servicer, server)
     if tls_cert:
         try:
@@ -273,11 +317,15 @@ def serve(listen: str = "127.0.0.1:50051", token: str | None = None, tls_cert: s
                 cert = f.read()
         except OSError as e:
             raise MeasurementError(f"cannot read TLS key/certificate: {e}") from None
-        bound = server.add_secure_port(listen, grpc.ssl_server_credentials([(key, cert)]))
-    else:
-        bound = server.add_insecure_port(listen)
+    try:        # a failed bind returns 0 in older gRPC releases, raises RuntimeError in newer ones
+        if tls_cert:
+            bound = server.add_secure_port(listen, grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            bound = server.add_insecure_port(listen)
+    except RuntimeError:
+        bound = 0
     if not bound:
-        raise MeasurementError(f"cannot listen on {listen} (address in use or not available here)")
+        raise MeasurementError(f"cannot listen on {listen}: {_bind_failure(host, port)}")
     server.start()
     w = Worker(server=server, servicer=servicer, address=f"{host}:{bound}", port=bound)
     servicer.label = w.address
