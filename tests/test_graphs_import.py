@@ -303,6 +303,54 @@ def check_keras(g: OpGraph) -> None:
     run_meta_graph(g)
 
 
+def test_a_mixed_float16_keras_model_keeps_its_optimizer_update_splittable():
+    """compile() under mixed_float16 wraps the optimizer in a LossScaleOptimizer, whose update runs under
+    cond(all gradients finite): one `If` op reading every variable, co-located with all of them, so the whole model
+    had to sit on one device and the optimizer's work was hidden in one op. Traced as the finite-gradient step,
+    each variable keeps its own update and its own co-location group; the step still runs."""
+    import keras
+
+    old = keras.mixed_precision.global_policy().name
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        inp = keras.Input((4,), name="features")
+        h = keras.layers.Dense(8, activation="relu", name="d1")(inp)
+        out = keras.layers.Dense(3, name="d2", dtype="float32")(h)
+        model = keras.Model(inp, out, name="mixed")
+        model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+        assert type(model.optimizer).__name__ == "LossScaleOptimizer"
+        g = load(model, batch_size=5, cache=False)
+    finally:
+        keras.mixed_precision.set_global_policy(old)
+    assert "apply" not in vars(model.optimizer)           # the model's own optimizer is left as it was
+    kernels = [k for k, t in enumerate(g.types) if t == "VarHandleOp" and g.names[k].endswith("kernel")]
+    assert len(kernels) == 2 and g.colocation[kernels[0]] != g.colocation[kernels[1]]
+    assert g.types.count("AssignSubVariableOp") >= 2 and "Cast" in g.types
+    colocation_ok(g)
+    run_meta_graph(g)
+
+
+def test_a_keras_output_shaped_by_the_batch_takes_the_given_batch_size():
+    """A CLIP-style contrastive model's logits are (batch, batch): Keras reports (None, None), and the import
+    refused it ("has unknown dimensions (None, None); build the model with static input shapes") although its
+    inputs were static and --batch-size was given. The outputs' shapes now follow from the fixed inputs."""
+    import keras
+
+    class Similarity(keras.layers.Layer):
+        def call(self, a, b):
+            return keras.ops.matmul(a, keras.ops.transpose(b))
+
+    img, txt = keras.Input((6,), name="image"), keras.Input((5,), name="text")
+    ie, te = keras.layers.Dense(4, name="img_proj")(img), keras.layers.Dense(4, name="txt_proj")(txt)
+    model = keras.Model({"image": img, "text": txt}, Similarity(name="logits")(ie, te), name="two_towers")
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    g = load(model, batch_size=3, cache=False)
+    spec = runtime_spec(g.meta_graph_def())
+    assert sorted(shape for _, shape in spec.feeds.values()) == [(3,), (3, 5), (3, 6)]
+    run_meta_graph(g)
+
+
 def test_keras_model_needs_batch_size():
     with pytest.raises(GraphImportError, match="batch size"):
         load(tiny_keras(), cache=False)
