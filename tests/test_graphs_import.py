@@ -351,6 +351,34 @@ def test_a_keras_output_shaped_by_the_batch_takes_the_given_batch_size():
     run_meta_graph(g)
 
 
+def test_an_imported_step_computing_in_16_bit_is_costed_at_its_precision():
+    """A user's own 16-bit step (a Keras mixed policy, a hand-cast tf.function) was tagged fp32: only the built-in
+    models' --precision set OpGraph.precision, so the simulator costed its matmuls at the fp32 rate (a V100's
+    15.7 TFLOP/s, not its 125 of fp16 tensor cores). The import now reads it from the matmuls' dtype."""
+    from placer.sim.cluster import parse_cluster
+    from placer.sim.costs import analytical_costs
+
+    w = tf.Variable(tf.ones([2048, 2048]))
+
+    def step_in(dtype):
+        @tf.function
+        def step(x):
+            y = tf.matmul(tf.cast(x, dtype), tf.cast(w, dtype))
+            w.assign_sub(tf.cast(tf.matmul(tf.cast(x, dtype), y, transpose_a=True), tf.float32))
+            return tf.reduce_sum(tf.cast(y, tf.float32))
+        return load(step.get_concrete_function(tf.TensorSpec([2048, 2048])), cache=False)
+
+    graphs = {dt: step_in(dt) for dt in (tf.float32, tf.float16, tf.bfloat16)}
+    assert [g.precision for g in graphs.values()] == ["fp32", "fp16", "bf16"]
+    v100 = parse_cluster("1xV100")
+    matmul_s = {}
+    for dt in (tf.float32, tf.float16):
+        g = graphs[dt]
+        col = analytical_costs(g, v100, cache=False).for_kind("V100")
+        matmul_s[dt] = sum(col[k] for k, t in enumerate(g.types) if t == "MatMul")
+    assert matmul_s[tf.float16] < matmul_s[tf.float32] / 2, matmul_s
+
+
 def test_keras_model_needs_batch_size():
     with pytest.raises(GraphImportError, match="batch size"):
         load(tiny_keras(), cache=False)

@@ -28,6 +28,11 @@ CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "If", "State
 INDEX_PASS_OPS = frozenset({"Identity", "Unpack", "Reshape", "Squeeze", "ExpandDims", "StridedSlice", "Slice",
                             "Split", "SplitV", "Transpose", "Pack", "ConcatV2", "Cast", "Unique"})
 VALUE_AGNOSTIC_OPS = frozenset({"Shape", "Size", "Rank", "ZerosLike", "OnesLike"})
+# op types that run on tensor cores in 16-bit precision (the rest keep their fp32-rate / bandwidth estimate)
+TENSOR_CORE_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D",
+                             "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D", "DepthwiseConv2dNative",
+                             "_FusedMatMul", "_FusedConv2D"})
+_PRECISION_OF_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def node_flops(graph, node_def) -> float:
@@ -141,6 +146,24 @@ def op_records(g, keep: set[str], gd, where: str, unknown_level: int = logging.W
         log.log(unknown_level, "%s: %d ops have outputs of unknown shape (counted with unknown dims = %d): %s%s", where,
                 len(uniq), UNKNOWN_DIM_FALLBACK, uniq[:5], " ..." if len(uniq) > 5 else "")
     return ops_rec, edges, control, coloc
+
+
+def graph_precision(g, ops_rec) -> str:
+    """The compute precision of a step: ``fp16`` / ``bf16`` when most of the FLOPs of its matmuls and
+    convolutions (TENSOR_CORE_OPS) are in that dtype (a Keras ``mixed_float16`` / ``mixed_bfloat16`` policy, a
+    hand-cast graph), else ``fp32``. `ops_rec` as :func:`op_records` returns them, `g` the tf.Graph they are of."""
+    flops: dict[str, float] = {}
+    for rec in ops_rec:
+        if rec[1] not in TENSOR_CORE_OPS:
+            continue
+        try:
+            dtype = g.get_operation_by_name(rec[0]).get_attr("T").name
+        except (KeyError, ValueError):
+            continue
+        flops[dtype] = flops.get(dtype, 0.0) + max(float(rec[4]), 1.0)
+    if not flops:
+        return "fp32"
+    return _PRECISION_OF_DTYPE.get(max(flops, key=flops.get), "fp32")
 
 
 def _call_flops(op, lib: dict) -> float:

@@ -38,6 +38,7 @@ import numpy as np
 from placer import _version, devnames
 from placer._npz import load_npz
 from placer.errors import CostTableError, GraphImportError
+from placer.graphs.opfacts import TENSOR_CORE_OPS
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import PRESETS, Cluster, Device
 
@@ -332,12 +333,6 @@ def _grappler_seconds(graph: OpGraph, device: Device) -> tuple[np.ndarray, np.nd
         if i is not None:
             secs[i] = t
     return secs, ~np.isnan(secs)
-
-
-# op types that run on tensor cores in 16-bit precision (the rest keep their fp32-rate / bandwidth estimate)
-TENSOR_CORE_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D",
-                             "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D", "DepthwiseConv2dNative",
-                             "_FusedMatMul", "_FusedConv2D"})
 
 
 def apply_precision(graph: OpGraph, device: Device, col: np.ndarray) -> np.ndarray:
