@@ -604,6 +604,34 @@ def test_functional_if_is_one_op_with_body_cost():
     run_meta_graph(g)
 
 
+def test_a_cond_that_updates_every_variable_warns_that_they_share_its_device(caplog):
+    """A tf.function step with a LossScaleOptimizer applies its update under cond(all gradients finite): one If op
+    reading every variable, which the import co-locates with all of them, pinning the model to one device without
+    a word. The import now warns, naming the op and the count (one op reading 2 variables stays quiet)."""
+    ws = [tf.Variable(tf.ones([4, 4]), name=f"w{i}") for i in range(10)]
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 4], tf.float32)])
+    def step(x):
+        losses = [tf.reduce_sum(tf.matmul(x, w)) for w in ws]
+
+        def update(k):
+            def apply():
+                for w in ws[:k]:
+                    w.assign_sub(0.1 * w)
+                return tf.constant(True)
+            return apply
+
+        tf.cond(tf.math.is_finite(losses[0]), update(len(ws)), lambda: tf.constant(False))
+        tf.cond(tf.math.is_finite(losses[1]), update(2), lambda: tf.constant(False))
+        return tf.add_n(losses)
+
+    with caplog.at_level(logging.WARNING, logger="placer.graphs.opfacts"):
+        g = load(step.get_concrete_function(), cache=False)
+    warned = [r.getMessage() for r in caplog.records if "share its device" in r.getMessage()]
+    assert len(warned) == 1 and "reads 10 variables" in warned[0], warned
+    assert [t for t in g.types if t in ("If", "StatelessIf")] == ["If", "If"]
+
+
 def test_unknown_shapes_warn_with_fallback(caplog):
     g = tf.Graph()
     with g.as_default():

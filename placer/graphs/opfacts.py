@@ -22,6 +22,7 @@ UNKNOWN_DIM_FALLBACK = 1
 HANDLE_BYTES = 8
 VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf", "Case", "StatelessCase"})
+CALL_HOLDS_VARIABLES_WARN = 8   # a kept call/If/Case reading this many variables holds them on one device: warn
 # feed limits: ops that pass integer values on unchanged (followed to the ops that index with them); of `Unique`
 # only the values (output 0) are followed, its positions are valid by construction; ops whose validity does not
 # depend on the values at all
@@ -122,11 +123,18 @@ def op_records(g, keep: set[str], gd, where: str, unknown_level: int = logging.W
         if op.type in CALL_OPS or op.type in lib_names:
             flops = _call_flops(op, lib)
         ops_rec.append((op.name, op.type, outs, persistent, flops, cpu_only(op.type, lib_names)))
+        held = 0
         for inp in op.inputs:
             edges.append((inp.op.name, op.name, inp.value_index))
             dt = inp.dtype
             if dt.base_dtype == tf.resource or dt._is_ref_dtype:  # noqa: SLF001
                 coloc.append([inp.op.name, op.name])
+                held += inp.op.type in VARIABLE_OPS
+        if held >= CALL_HOLDS_VARIABLES_WARN and op.type in CALL_OPS:
+            log.warning("%s: %s op %r reads %d variables, so all of them share its device: the model cannot be "
+                        "split across them (a Keras LossScaleOptimizer's cond(all gradients finite) does this; "
+                        "import the compiled Keras model itself, which placer traces without that cond)",
+                        where, op.type, op.name, held)
         for c in sorted(op.control_inputs, key=lambda c: c.name):   # TF's order varies from run to run
             control.append((c.name, op.name))
         try:
