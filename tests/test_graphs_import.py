@@ -379,6 +379,25 @@ def test_an_imported_step_computing_in_16_bit_is_costed_at_its_precision():
     assert matmul_s[tf.float16] < matmul_s[tf.float32] / 2, matmul_s
 
 
+def test_inspect_says_the_precision_the_import_read(tmp_path, capsys):
+    """`placer inspect` showed nothing of the precision the simulator will cost a graph at, so a user could not
+    check that their fp16 graph is seen as fp16; it now says it (text and --json `precision`)."""
+    import json
+
+    from placer.cli import main
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float16, [4, 4], name="x")
+        tf.matmul(x, x, name="y")
+    path = tmp_path / "half.pbtxt"
+    path.write_text(str(g.as_graph_def()))
+    assert main(["inspect", str(path), "--fetch", "y", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["precision"] == "fp16"
+    assert main(["inspect", str(path), "--fetch", "y"]) == 0
+    assert re.search(r"precision +fp16", capsys.readouterr().out)
+
+
 def test_keras_model_needs_batch_size():
     with pytest.raises(GraphImportError, match="batch size"):
         load(tiny_keras(), cache=False)
