@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 COSTS_FORMAT = 1
 # the analytical cost cache's format: bump when the estimate changes for the same graph and device figures (placer's
 # version is in the key too, so a release never reads columns another release wrote)
-COSTS_CACHE_FORMAT = 1
+COSTS_CACHE_FORMAT = 2   # 2: Grappler costs for graphs larger than one device's memory (not the roofline)
 # Fixed per-op cost added by the roofline fallback: a CUDA kernel launch + TF executor dispatch on a GPU
 # (~5 us on K80-era drivers; NVIDIA CUDA C Best Practices Guide, "kernel launch overhead" order of 5 us), ~1 us
 # of executor overhead on the CPU.
@@ -325,7 +325,12 @@ def _grappler_seconds(graph: OpGraph, device: Device) -> tuple[np.ndarray, np.nd
     """Grappler's per-op times for every op of `graph` on one device like `device`; NaN where Grappler has
     none. Returns (seconds, covered mask)."""
     item = grappler_item(graph)
-    _, per_node = grappler_measure(item, [(grappler_device_name(device), device_properties(device))])
+    props = device_properties(device)
+    # per-op times do not depend on the device's memory, but MeasureCosts refuses a graph that does not fit one
+    # device ("Graph requires N bytes of memory on device ...") -- every model worth splitting: costs would fall
+    # back to the roofline for every op
+    props.memory_size = max(props.memory_size, 1 << 50)
+    _, per_node = grappler_measure(item, [(grappler_device_name(device), props)])
     secs = np.full(graph.num_ops, np.nan)
     idx = graph._name_index
     for nm, t in per_node.items():
