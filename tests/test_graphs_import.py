@@ -303,6 +303,101 @@ def check_keras(g: OpGraph) -> None:
     run_meta_graph(g)
 
 
+def test_a_mixed_float16_keras_model_keeps_its_optimizer_update_splittable():
+    """compile() under mixed_float16 wraps the optimizer in a LossScaleOptimizer, whose update runs under
+    cond(all gradients finite): one `If` op reading every variable, co-located with all of them, so the whole model
+    had to sit on one device and the optimizer's work was hidden in one op. Traced as the finite-gradient step,
+    each variable keeps its own update and its own co-location group; the step still runs."""
+    import keras
+
+    old = keras.mixed_precision.global_policy().name
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        inp = keras.Input((4,), name="features")
+        h = keras.layers.Dense(8, activation="relu", name="d1")(inp)
+        out = keras.layers.Dense(3, name="d2", dtype="float32")(h)
+        model = keras.Model(inp, out, name="mixed")
+        model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+        assert type(model.optimizer).__name__ == "LossScaleOptimizer"
+        g = load(model, batch_size=5, cache=False)
+    finally:
+        keras.mixed_precision.set_global_policy(old)
+    assert "apply" not in vars(model.optimizer)           # the model's own optimizer is left as it was
+    kernels = [k for k, t in enumerate(g.types) if t == "VarHandleOp" and g.names[k].endswith("kernel")]
+    assert len(kernels) == 2 and g.colocation[kernels[0]] != g.colocation[kernels[1]]
+    assert g.types.count("AssignSubVariableOp") >= 2 and "Cast" in g.types
+    colocation_ok(g)
+    run_meta_graph(g)
+
+
+def test_a_keras_output_shaped_by_the_batch_takes_the_given_batch_size():
+    """A CLIP-style contrastive model's logits are (batch, batch): Keras reports (None, None), and the import
+    refused it ("has unknown dimensions (None, None); build the model with static input shapes") although its
+    inputs were static and --batch-size was given. The outputs' shapes now follow from the fixed inputs."""
+    import keras
+
+    class Similarity(keras.layers.Layer):
+        def call(self, a, b):
+            return keras.ops.matmul(a, keras.ops.transpose(b))
+
+    img, txt = keras.Input((6,), name="image"), keras.Input((5,), name="text")
+    ie, te = keras.layers.Dense(4, name="img_proj")(img), keras.layers.Dense(4, name="txt_proj")(txt)
+    model = keras.Model({"image": img, "text": txt}, Similarity(name="logits")(ie, te), name="two_towers")
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    g = load(model, batch_size=3, cache=False)
+    spec = runtime_spec(g.meta_graph_def())
+    assert sorted(shape for _, shape in spec.feeds.values()) == [(3,), (3, 5), (3, 6)]
+    run_meta_graph(g)
+
+
+def test_an_imported_step_computing_in_16_bit_is_costed_at_its_precision():
+    """A user's own 16-bit step (a Keras mixed policy, a hand-cast tf.function) was tagged fp32: only the built-in
+    models' --precision set OpGraph.precision, so the simulator costed its matmuls at the fp32 rate (a V100's
+    15.7 TFLOP/s, not its 125 of fp16 tensor cores). The import now reads it from the matmuls' dtype."""
+    from placer.sim.cluster import parse_cluster
+    from placer.sim.costs import analytical_costs
+
+    w = tf.Variable(tf.ones([2048, 2048]))
+
+    def step_in(dtype):
+        @tf.function
+        def step(x):
+            y = tf.matmul(tf.cast(x, dtype), tf.cast(w, dtype))
+            w.assign_sub(tf.cast(tf.matmul(tf.cast(x, dtype), y, transpose_a=True), tf.float32))
+            return tf.reduce_sum(tf.cast(y, tf.float32))
+        return load(step.get_concrete_function(tf.TensorSpec([2048, 2048])), cache=False)
+
+    graphs = {dt: step_in(dt) for dt in (tf.float32, tf.float16, tf.bfloat16)}
+    assert [g.precision for g in graphs.values()] == ["fp32", "fp16", "bf16"]
+    v100 = parse_cluster("1xV100")
+    matmul_s = {}
+    for dt in (tf.float32, tf.float16):
+        g = graphs[dt]
+        col = analytical_costs(g, v100, cache=False).for_kind("V100")
+        matmul_s[dt] = sum(col[k] for k, t in enumerate(g.types) if t == "MatMul")
+    assert matmul_s[tf.float16] < matmul_s[tf.float32] / 2, matmul_s
+
+
+def test_inspect_says_the_precision_the_import_read(tmp_path, capsys):
+    """`placer inspect` showed nothing of the precision the simulator will cost a graph at, so a user could not
+    check that their fp16 graph is seen as fp16; it now says it (text and --json `precision`)."""
+    import json
+
+    from placer.cli import main
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float16, [4, 4], name="x")
+        tf.matmul(x, x, name="y")
+    path = tmp_path / "half.pbtxt"
+    path.write_text(str(g.as_graph_def()))
+    assert main(["inspect", str(path), "--fetch", "y", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["precision"] == "fp16"
+    assert main(["inspect", str(path), "--fetch", "y"]) == 0
+    assert re.search(r"precision +fp16", capsys.readouterr().out)
+
+
 def test_keras_model_needs_batch_size():
     with pytest.raises(GraphImportError, match="batch size"):
         load(tiny_keras(), cache=False)
@@ -526,6 +621,34 @@ def test_functional_if_is_one_op_with_body_cost():
     assert len(ifs) == 1
     assert g.flops[ifs[0]] == 2 * 8 * 8 * 8  # the larger branch (the matmul)
     run_meta_graph(g)
+
+
+def test_a_cond_that_updates_every_variable_warns_that_they_share_its_device(caplog):
+    """A tf.function step with a LossScaleOptimizer applies its update under cond(all gradients finite): one If op
+    reading every variable, which the import co-locates with all of them, pinning the model to one device without
+    a word. The import now warns, naming the op and the count (one op reading 2 variables stays quiet)."""
+    ws = [tf.Variable(tf.ones([4, 4]), name=f"w{i}") for i in range(10)]
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 4], tf.float32)])
+    def step(x):
+        losses = [tf.reduce_sum(tf.matmul(x, w)) for w in ws]
+
+        def update(k):
+            def apply():
+                for w in ws[:k]:
+                    w.assign_sub(0.1 * w)
+                return tf.constant(True)
+            return apply
+
+        tf.cond(tf.math.is_finite(losses[0]), update(len(ws)), lambda: tf.constant(False))
+        tf.cond(tf.math.is_finite(losses[1]), update(2), lambda: tf.constant(False))
+        return tf.add_n(losses)
+
+    with caplog.at_level(logging.WARNING, logger="placer.graphs.opfacts"):
+        g = load(step.get_concrete_function(), cache=False)
+    warned = [r.getMessage() for r in caplog.records if "share its device" in r.getMessage()]
+    assert len(warned) == 1 and "reads 10 variables" in warned[0], warned
+    assert [t for t in g.types if t in ("If", "StatelessIf")] == ["If", "If"]
 
 
 def test_unknown_shapes_warn_with_fallback(caplog):

@@ -218,6 +218,30 @@ def test_grappler_agreement_single_gpu_tf_graph(tmp_path):
     assert sim_t == pytest.approx(grappler_step_time(og, cl, p), rel=0.05)
 
 
+def test_grappler_costs_a_graph_larger_than_one_device():
+    """Grappler's MeasureCosts refuses a graph that needs more memory than its one virtual device ("Graph requires
+    N bytes of memory"), so a model too big for one GPU -- the models worth splitting -- had every op costed by the
+    roofline while the summary said "grappler+roofline". Per-op times do not depend on the memory size."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from placer.graphs import load
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 128], name="x")
+        w = tf.compat.v1.get_variable("w", [128, 128])
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(tf.matmul(x, w)), name="train")
+    og = load(g, fetches=["train"], cache=False)
+    cl = parse_cluster("1xK80")
+    tiny = dataclasses.replace(cl, devices=[dataclasses.replace(d, memory_bytes=2**14, reserve_bytes=0)
+                                            if not d.is_cpu else d for d in cl.devices])
+    big, small = analytical_costs(og, cl, cache=False), analytical_costs(og, tiny, cache=False)
+    assert small.meta["grappler_coverage"]["K80"] > 0.9
+    np.testing.assert_allclose(small.for_kind("K80"), big.for_kind("K80"))
+
+
 def test_placer_simulate_cli_json(tmp_path, capsys):
     from placer.cli import main
 

@@ -27,6 +27,7 @@ def run_inspect(args) -> int:
         "cpu_only_ops": int(graph.cpu_only.sum()),
         "persistent_bytes": int(graph.persistent_bytes.sum()),
         "fingerprint": graph.fingerprint,
+        "precision": graph.precision,
         "import_ms": round((t1 - t0) * 1e3, 1),
         "group_ms": round((t2 - t1) * 1e3, 1),
     }
@@ -40,6 +41,7 @@ def run_inspect(args) -> int:
     print(f"  variable bytes     {fmt_bytes(info['persistent_bytes']):>12}")
     print(f"  co-location groups {info['colocation_groups']:>12,}")
     print(f"  CPU-only ops       {info['cpu_only_ops']:>12,}")
+    print(f"  precision          {info['precision']:>12}  (of its matmuls and convolutions)")
     print(f"  groups (G<={args.groups:<4})   {info['groups']:>12,}")
     print(f"  import {info['import_ms']:.0f} ms, grouping {info['group_ms']:.0f} ms")
     print("  top op types:")

@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 # bump when the importer builds other OpGraphs (fields, grouping inputs) for the same input; placer's version is
 # in the key too, so a release never reads a cache another release wrote
-CACHE_FORMAT = 4   # 3: npz without pickles (names/metadata as JSON), feed limits in the runnable MetaGraphDef;
-#                   4: fetches checked as tensor names (an entry imported with 'loss:3' is no longer served)
+CACHE_FORMAT = 6   # 3: npz without pickles (names/metadata as JSON), feed limits in the runnable MetaGraphDef;
+#                   4: fetches checked as tensor names (an entry imported with 'loss:3' is no longer served);
+#                   5: a Keras LossScaleOptimizer's step traced without its all-finite `If` (trace._finite_step);
+#                   6: an imported step's precision read from its matmuls' dtype (opfacts.graph_precision)
 
 
 def cache_dir() -> Path:

@@ -18,7 +18,7 @@ import re
 from typing import Callable, Iterable, Sequence
 
 from placer.errors import GraphImportError
-from placer.graphs.opfacts import VARIABLE_OPS, feed_limits, op_records
+from placer.graphs.opfacts import VARIABLE_OPS, feed_limits, graph_precision, op_records
 from placer.graphs.opgraph import OpGraph
 from placer.graphs.runnable import FEED_LIMITS_COLLECTION, FEEDS_COLLECTION, FETCHES_COLLECTION, INIT_COLLECTION
 
@@ -376,4 +376,5 @@ def convert_graph_def(gd, fetches: list[str], *, batch_size: int | None, name: s
     ops_rec, edges, control, coloc = op_records(g, keep, out_gd, where, unknown_level)
     mg = build_meta_graph(run_gd, fetches, feeds, init_name, feed_limits(g, feeds))
     return OpGraph.build(ops_rec, edges, control, colocate=coloc, name=name, fetches=fetches,
-                         meta_graph=mg.SerializeToString(deterministic=True), fingerprint=fingerprint)
+                         meta_graph=mg.SerializeToString(deterministic=True), fingerprint=fingerprint,
+                         precision=graph_precision(g, ops_rec))

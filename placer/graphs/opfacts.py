@@ -22,12 +22,18 @@ UNKNOWN_DIM_FALLBACK = 1
 HANDLE_BYTES = 8
 VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf", "Case", "StatelessCase"})
+CALL_HOLDS_VARIABLES_WARN = 8   # a kept call/If/Case reading this many variables holds them on one device: warn
 # feed limits: ops that pass integer values on unchanged (followed to the ops that index with them); of `Unique`
 # only the values (output 0) are followed, its positions are valid by construction; ops whose validity does not
 # depend on the values at all
 INDEX_PASS_OPS = frozenset({"Identity", "Unpack", "Reshape", "Squeeze", "ExpandDims", "StridedSlice", "Slice",
                             "Split", "SplitV", "Transpose", "Pack", "ConcatV2", "Cast", "Unique"})
 VALUE_AGNOSTIC_OPS = frozenset({"Shape", "Size", "Rank", "ZerosLike", "OnesLike"})
+# op types that run on tensor cores in 16-bit precision (the rest keep their fp32-rate / bandwidth estimate)
+TENSOR_CORE_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D",
+                             "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D", "DepthwiseConv2dNative",
+                             "_FusedMatMul", "_FusedConv2D"})
+_PRECISION_OF_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def node_flops(graph, node_def) -> float:
@@ -117,11 +123,18 @@ def op_records(g, keep: set[str], gd, where: str, unknown_level: int = logging.W
         if op.type in CALL_OPS or op.type in lib_names:
             flops = _call_flops(op, lib)
         ops_rec.append((op.name, op.type, outs, persistent, flops, cpu_only(op.type, lib_names)))
+        held = 0
         for inp in op.inputs:
             edges.append((inp.op.name, op.name, inp.value_index))
             dt = inp.dtype
             if dt.base_dtype == tf.resource or dt._is_ref_dtype:  # noqa: SLF001
                 coloc.append([inp.op.name, op.name])
+                held += inp.op.type in VARIABLE_OPS
+        if held >= CALL_HOLDS_VARIABLES_WARN and op.type in CALL_OPS:
+            log.warning("%s: %s op %r reads %d variables, so all of them share its device: the model cannot be "
+                        "split across them (a Keras LossScaleOptimizer's cond(all gradients finite) does this; "
+                        "import the compiled Keras model itself, which placer traces without that cond)",
+                        where, op.type, op.name, held)
         for c in sorted(op.control_inputs, key=lambda c: c.name):   # TF's order varies from run to run
             control.append((c.name, op.name))
         try:
@@ -141,6 +154,24 @@ def op_records(g, keep: set[str], gd, where: str, unknown_level: int = logging.W
         log.log(unknown_level, "%s: %d ops have outputs of unknown shape (counted with unknown dims = %d): %s%s", where,
                 len(uniq), UNKNOWN_DIM_FALLBACK, uniq[:5], " ..." if len(uniq) > 5 else "")
     return ops_rec, edges, control, coloc
+
+
+def graph_precision(g, ops_rec) -> str:
+    """The compute precision of a step: ``fp16`` / ``bf16`` when most of the FLOPs of its matmuls and
+    convolutions (TENSOR_CORE_OPS) are in that dtype (a Keras ``mixed_float16`` / ``mixed_bfloat16`` policy, a
+    hand-cast graph), else ``fp32``. `ops_rec` as :func:`op_records` returns them, `g` the tf.Graph they are of."""
+    flops: dict[str, float] = {}
+    for rec in ops_rec:
+        if rec[1] not in TENSOR_CORE_OPS:
+            continue
+        try:
+            dtype = g.get_operation_by_name(rec[0]).get_attr("T").name
+        except (KeyError, ValueError):
+            continue
+        flops[dtype] = flops.get(dtype, 0.0) + max(float(rec[4]), 1.0)
+    if not flops:
+        return "fp32"
+    return _PRECISION_OF_DTYPE.get(max(flops, key=flops.get), "fp32")
 
 
 def _call_flops(op, lib: dict) -> float:

@@ -81,7 +81,7 @@ class OpGraph:
     name: str = "graph"
     fetches: tuple[str, ...] = ()
     meta_graph: bytes | None = field(default=None, repr=False)  # serialized runnable MetaGraphDef
-    precision: str = "fp32"   # compute precision of a built-in model (fp32 | fp16 | bf16; Keras mixed policy)
+    precision: str = "fp32"   # compute precision (fp32 | fp16 | bf16): --precision, or the imported matmuls' dtype
 
     # ---- basic facts -------------------------------------------------------------------
     @property
@@ -141,6 +141,7 @@ class OpGraph:
         fetches: Sequence[str] = (),
         meta_graph: bytes | None = None,
         fingerprint: str | None = None,
+        precision: str = "fp32",
     ) -> "OpGraph":
         """Build an OpGraph from plain records (tests and hand-made graphs use this; importers too).
 
@@ -149,6 +150,7 @@ class OpGraph:
         edges: (src, dst) or (src, dst, output_index) — data edges (op names).
         control: (src, dst) control edges.
         colocate: lists of op names that must share a device.
+        precision: the step's compute precision (fp32 | fp16 | bf16: what its matmuls run in).
         Ops may be given in any order; they are sorted topologically (a cycle is an error).
 
         >>> g = OpGraph.build([("a", "Const", 4), ("b", "Neg", 4)], [("a", "b")])
@@ -237,6 +239,7 @@ class OpGraph:
             fetches=tuple(fetches),
             meta_graph=meta_graph,
             fingerprint=fingerprint or "",
+            precision=precision,
         )
         if not fingerprint:
             object.__setattr__(g, "fingerprint", g.structural_fingerprint())

@@ -12,6 +12,7 @@ ConcreteFunction's captured variables (resource placeholders) become real ``VarH
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from pathlib import Path
@@ -58,6 +59,20 @@ def keras_key(model) -> str | None:
         return None
 
 
+def _output_shapes(model, x_arg, shapes):
+    """The outputs' shapes for inputs of the fixed shapes `x_arg`, where an output dimension is known only from
+    them (a CLIP-style similarity matrix is (batch, batch)); `shapes` as they are when Keras cannot tell."""
+    import keras
+    import tensorflow as tf
+
+    try:
+        spec = model.compute_output_spec(tf.nest.map_structure(lambda s: keras.KerasTensor(s.shape, s.dtype), x_arg))
+        out = [t.shape for t in keras.tree.flatten(spec)]
+    except Exception:  # noqa: BLE001 - then the unknown dimension is reported as it is
+        return shapes
+    return out if len(out) == len(shapes) else shapes
+
+
 def keras_step_function(model, batch_size: int | None):
     """Trace the Keras model's train_step on synthetic inputs; returns a ConcreteFunction."""
     import tensorflow as tf
@@ -89,10 +104,6 @@ def keras_step_function(model, batch_size: int | None):
     loss_name = (loss if isinstance(loss, str) else type(loss).__name__ if loss is not None else "").lower()
     sparse = "sparse" in loss_name
     xs = [tf.TensorSpec(fixed(t.shape, f"input {t.name!r}"), t.dtype or "float32") for t in inputs]
-    ys = []
-    for t in outputs:
-        shp = fixed(t.shape, f"output {t.name!r}")
-        ys.append(tf.TensorSpec(shp[:-1], "int32") if sparse else tf.TensorSpec(shp, t.dtype or "float32"))
     x_arg = xs[0] if len(xs) == 1 else tuple(xs)
     try:
         struct = model.input          # a functional model's inputs as it was built: a tensor, a list or a dict
@@ -102,6 +113,13 @@ def keras_step_function(model, batch_size: int | None):
         # in the model's own structure (model.inputs is it flattened, dict keys sorted, as tf.nest packs): a tuple
         # made Keras warn "The structure of `inputs` doesn't match the expected structure" on every import
         x_arg = tf.nest.pack_sequence_as(struct, xs)
+    out_shapes = [t.shape for t in outputs]
+    if any(d is None for shp in out_shapes for d in list(shp)[1:]):
+        out_shapes = _output_shapes(model, x_arg, out_shapes)
+    ys = []
+    for t, shape in zip(outputs, out_shapes):
+        shp = fixed(shape, f"output {t.name!r}")
+        ys.append(tf.TensorSpec(shp[:-1], "int32") if sparse else tf.TensorSpec(shp, t.dtype or "float32"))
     y_arg = ys[0] if len(ys) == 1 else tuple(ys)
     zeros = lambda s: tf.zeros(s.shape, s.dtype)  # noqa: E731
     data = (tf.nest.map_structure(zeros, x_arg), tf.nest.map_structure(zeros, y_arg))
@@ -115,12 +133,38 @@ def keras_step_function(model, batch_size: int | None):
         def train_step(x, y):
             return model.train_step((x, y))
 
-        return train_step.get_concrete_function(x_arg, y_arg)
+        with _finite_step(model.optimizer):
+            return train_step.get_concrete_function(x_arg, y_arg)
     except GraphImportError:
         raise
     except Exception as e:  # noqa: BLE001
         raise GraphImportError(f"cannot trace the training step of Keras model {model.name!r}: "
                                f"{first_line(e)}") from None
+
+
+@contextlib.contextmanager
+def _finite_step(optimizer):
+    """Trace a Keras ``LossScaleOptimizer`` (what ``compile`` makes under the ``mixed_float16`` policy) as its step
+    with finite gradients: unscale, the inner optimizer's per-variable update, the scale's counter.
+
+    Its ``apply`` runs all that under ``cond(all gradients finite)``, which TensorFlow traces as ONE ``If`` op
+    reading every variable: co-located with all of them, it would hold the whole model on one device and hide the
+    optimizer's work in one op. Only the all-finite check (cheap reductions, false on the rare overflow step) is
+    left out. Any other optimizer is traced as it is.
+    """
+    handle = getattr(optimizer, "_stateful_handle_finite_grads", None)
+    if handle is None or not hasattr(optimizer, "inner_optimizer"):
+        yield
+        return
+
+    def apply(grads, trainable_variables=None):
+        handle(list(grads), trainable_variables)
+
+    object.__setattr__(optimizer, "apply", apply)     # on the instance only, bypassing Keras' attribute tracking
+    try:
+        yield
+    finally:
+        object.__delattr__(optimizer, "apply")
 
 
 def convert_keras(model, *, batch_size: int | None, name: str) -> OpGraph:

@@ -44,9 +44,9 @@ class Device:
             return self.peak_flops
         v = self.peak_flops_fp16 if precision == "fp16" else self.peak_flops_bf16
         if not v > 0:
-            raise ClusterError(f"--precision {precision}: device kind {self.kind} ({self.name}) has no {precision} "
-                               f"peak figure (no {precision} tensor cores on its datasheet); use --precision fp32 "
-                               f"or a kind that has one")
+            raise ClusterError(f"{precision} matmuls (--precision {precision}, or a graph whose matmuls are "
+                               f"{precision}): device kind {self.kind} ({self.name}) has no {precision} peak figure "
+                               f"(no {precision} tensor cores on its datasheet); use fp32 or a kind that has one")
         return v
 
     @property

@@ -38,6 +38,7 @@ import numpy as np
 from placer import _version, devnames
 from placer._npz import load_npz
 from placer.errors import CostTableError, GraphImportError
+from placer.graphs.opfacts import TENSOR_CORE_OPS
 from placer.graphs.opgraph import OpGraph
 from placer.sim.cluster import PRESETS, Cluster, Device
 
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 COSTS_FORMAT = 1
 # the analytical cost cache's format: bump when the estimate changes for the same graph and device figures (placer's
 # version is in the key too, so a release never reads columns another release wrote)
-COSTS_CACHE_FORMAT = 1
+COSTS_CACHE_FORMAT = 2   # 2: Grappler costs for graphs larger than one device's memory (not the roofline)
 # Fixed per-op cost added by the roofline fallback: a CUDA kernel launch + TF executor dispatch on a GPU
 # (~5 us on K80-era drivers; NVIDIA CUDA C Best Practices Guide, "kernel launch overhead" order of 5 us), ~1 us
 # of executor overhead on the CPU.
@@ -324,7 +325,12 @@ def _grappler_seconds(graph: OpGraph, device: Device) -> tuple[np.ndarray, np.nd
     """Grappler's per-op times for every op of `graph` on one device like `device`; NaN where Grappler has
     none. Returns (seconds, covered mask)."""
     item = grappler_item(graph)
-    _, per_node = grappler_measure(item, [(grappler_device_name(device), device_properties(device))])
+    props = device_properties(device)
+    # per-op times do not depend on the device's memory, but MeasureCosts refuses a graph that does not fit one
+    # device ("Graph requires N bytes of memory on device ...") -- every model worth splitting: costs would fall
+    # back to the roofline for every op
+    props.memory_size = max(props.memory_size, 1 << 50)
+    _, per_node = grappler_measure(item, [(grappler_device_name(device), props)])
     secs = np.full(graph.num_ops, np.nan)
     idx = graph._name_index
     for nm, t in per_node.items():
@@ -332,12 +338,6 @@ def _grappler_seconds(graph: OpGraph, device: Device) -> tuple[np.ndarray, np.nd
         if i is not None:
             secs[i] = t
     return secs, ~np.isnan(secs)
-
-
-# op types that run on tensor cores in 16-bit precision (the rest keep their fp32-rate / bandwidth estimate)
-TENSOR_CORE_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D",
-                             "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D", "DepthwiseConv2dNative",
-                             "_FusedMatMul", "_FusedConv2D"})
 
 
 def apply_precision(graph: OpGraph, device: Device, col: np.ndarray) -> np.ndarray:
