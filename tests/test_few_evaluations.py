@@ -52,6 +52,7 @@ def test_measured_search_samples_few_per_update(tmp_path):
     assert cfg["reuse_evaluations"] is True                  # a measurement is never repeated for the same placement
     assert cfg["local_moves"] == FEW_EVALUATIONS["local_moves"] > 0
     assert cfg["local_screen"] == FEW_EVALUATIONS["local_screen"] > 1    # the simulator screens what is measured
+    assert cfg["sample_screen"] == FEW_EVALUATIONS["sample_screen"] > 1  # the policy's samples too
     rows = [r for r in res.history if "update" in r]
     local = rows[1]["local_evaluations"] - rows[0]["local_evaluations"]
     assert len(rows) == 2 and 0 < rows[1]["new"] <= FEW_EVALUATIONS["num_samples"]
