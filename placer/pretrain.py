@@ -224,7 +224,7 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
     from placer.rl.policy import POLICY_DEVICE
     from placer.rl.portable import PortableWeights
     from placer.rl.reinforce import ReinforceConfig
-    from placer.rl.search import Interrupted, _DeferredInterrupt
+    from placer.rl.search import Interrupted, DeferredInterrupt
 
     if not budget_seconds > 0:
         raise SearchError(f"pretrain budget must be positive, got {budget_seconds} s")
@@ -286,11 +286,8 @@ def pretrain(out_dir, *, budget_seconds: float = 1800.0, corpus: list[CorpusItem
     t0 = time.perf_counter()
     # Ctrl-C or SIGTERM while training ends it after the current step and saves the policy trained so far (it was
     # all lost), marked "stop_reason": "interrupted" in policy.json; `--init DIR` trains on from it
-    interrupt = _DeferredInterrupt().__enter__()
-    try:
+    with DeferredInterrupt() as interrupt:
         rounds, imitation_rounds = _train(tasks, config, budget_seconds, imitation_share, progress, t0, interrupt)
-    finally:
-        interrupt.__exit__()
     train_wall = time.perf_counter() - t0
     per = {}
     for t in tasks:

@@ -271,7 +271,7 @@ class Search:
         #                                               group (`local_policy_prob`; `_note_policy_samples`)
         self._cluster_levels: list[np.ndarray] | None = None   # the cluster moves' levels (`_clusters`)
         self._local_seen: set[bytes] = set()   # group placements the chain evaluated (not checkpointed)
-        self._interrupt = _DeferredInterrupt()   # Ctrl-C in the loop: stop after the current step, checkpointed
+        self._interrupt = DeferredInterrupt()   # Ctrl-C in the loop: stop after the current step, checkpointed
         self._cands: list = []         # the chain's last batch of neighbours (_chain_batch) and their charged
         self._cands_charged = np.empty(0)   # step times, for _chain_accept
         self._budget: tuple[float | None, int | None] = (None, None)   # run()'s budget, for the chain's schedule
@@ -1354,7 +1354,7 @@ class Interrupted(KeyboardInterrupt):
         self.result = result
 
 
-class _DeferredInterrupt:
+class DeferredInterrupt:
     """Ctrl-C (SIGINT) or a polite kill (SIGTERM: `kill PID`, `timeout`, a job scheduler) during the search loop:
     the first only sets `pending`, so that the loop stops at the end of the current update (or local-move batch),
     saves its checkpoint and then raises KeyboardInterrupt, losing no work done since the last periodic
@@ -1368,7 +1368,7 @@ class _DeferredInterrupt:
         self.signum = int(signal.SIGINT)   # the signal that set `pending`
         self._old: dict = {}
 
-    def __enter__(self) -> "_DeferredInterrupt":
+    def __enter__(self) -> "DeferredInterrupt":
         self.pending = False
         if threading.current_thread() is threading.main_thread():
             for sig, default in self.DEFAULTS:
