@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from placer._npz import load_npz
-from placer.errors import PlacerError, SearchError
+from placer.errors import ClusterError, PlacerError, SearchError
 from placer.grouped import first_copies
 from placer.placement import Placement, tf_version
 from placer.problem import PlacementProblem
@@ -648,6 +648,11 @@ def replace(run, exclude, *, budget_seconds: float = 60, out_dir=None, seed: int
     else:
         graph, cluster, cost, grouping, h = load_run_problem(run_dir)
     survivors, keep = cluster_without(cluster, exclude)
+    if survivors.cpu_index is None and graph.cpu_only.any():    # said first, not as "no placement fits"
+        cpu = np.flatnonzero(graph.cpu_only)
+        more = f" and {len(cpu) - 1} other op(s)" if len(cpu) > 1 else ""
+        raise ClusterError(f"cannot exclude the host CPU ({', '.join(exclude)}): op {graph.names[cpu[0]]!r} "
+                           f"({graph.types[cpu[0]]}){more} of {graph.name!r} run only on the CPU")
     seed = int(h.get("seed", 0)) if seed is None else int(seed)
     problem = build_problem(graph, survivors, costs=np.ascontiguousarray(cost[:, keep]), grouping=grouping, seed=seed,
                             allow_cpu=bool(h.get("allow_cpu", False)))

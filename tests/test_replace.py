@@ -323,3 +323,21 @@ def test_replace_of_a_result_without_a_directory(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ClusterError, match=r"cannot exclude '/GPU:3'"):       # already gone
         replace(again, ["/GPU:3"], budget_seconds=5)
+
+
+def test_excluding_the_host_cpu_of_a_graph_with_cpu_only_ops_says_so_first():
+    """`replace(..., exclude=["/CPU:0"])` of a graph with CPU-only ops said "no placement ... fits on the survivors"
+    and named the op only inside the first baseline's reason: now one line saying the host CPU cannot be
+    excluded, naming the op."""
+    import placer
+    from placer.graphs.opgraph import OpGraph
+
+    ops = [("v", "VarHandleOp", 8, 400), ("r", "ReadVariableOp", 400), ("x", "Const", 40),
+           ("m", "MatMul", 40, 0, 1e6), ("s", "StringFormat", 8, 0, 0.0, True), ("u", "AssignSubVariableOp", 0)]
+    edges = [("v", "r"), ("r", "m"), ("x", "m"), ("m", "s"), ("v", "u"), ("m", "u")]
+    g = OpGraph.build(ops, edges, colocate=[["v", "r", "u"]], name="small")
+    res = placer.place(g, cluster="2xK80", budget_seconds=5, max_updates=1)
+    with pytest.raises(ClusterError, match=r"^cannot exclude the host CPU \(/CPU:0\): op 's' \(StringFormat\) of "
+                                           r"'small' run only on the CPU$"):
+        placer.replace(res, ["/CPU:0"], budget_seconds=2, max_updates=1)
+    assert placer.replace(res, ["/GPU:1"], budget_seconds=2, max_updates=1).placement.mapping["s"] == "/CPU:0"
